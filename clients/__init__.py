@@ -1,0 +1,1 @@
+"""Flower client side: the fedsim ClientApp."""

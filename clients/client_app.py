@@ -1,0 +1,75 @@
+"""The fedsim ClientApp (Flower Message API).
+
+A worker process builds its data handle and one model object once per task
+(cached at module level) and reuses them for every message. A train message
+names the users this node must train; the reply carries the sum of their clipped
+updates (clipping happens here, per user, in fedsim's own code), their count and
+per-user metrics. Individual updates are never logged or persisted.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedsim import protocol
+from fedsim.data import load_federated
+from fedsim.models import make_model
+from fedsim.training import evaluate_users, train_users
+
+app = ClientApp()
+
+_lock = threading.Lock()
+_workers: dict[str, tuple] = {}
+
+
+def _worker(task_json: str) -> tuple:
+    """(task, data, model) for this task, built once per process."""
+    with _lock:
+        if task_json not in _workers:
+            task = protocol.Task.from_json(task_json)
+            torch.set_num_threads(max(1, task.threads))
+            data = load_federated(task.data)
+            model = make_model(task.model, data.vocab_size, seed=task.model_seed)
+            _workers.clear()  # one task per process at a time
+            _workers[task_json] = (task, data, model)
+        return _workers[task_json]
+
+
+def _params(msg: Message) -> torch.Tensor:
+    return torch.from_numpy(np.array(msg.content[protocol.ARRAYS][protocol.PARAMS].numpy(), dtype=np.float32))
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    cfg = msg.content[protocol.CONFIG]
+    task, data, model = _worker(str(cfg["task"]))
+    users = [int(u) for u in cfg["user_ids"]]
+    x0 = _params(msg)
+    total, results = train_users(model, x0, data, users, int(cfg["round"]), task.seed, task.local)
+    metrics = MetricRecord({
+        "num_users": len(users),
+        "user_ids": users,
+        "user_loss": [float(r.loss) for r in results],
+        "user_examples": [int(r.num_examples) for r in results],
+        "num_clipped": int(sum(r.clipped for r in results)),
+    })
+    content = RecordDict({
+        protocol.ARRAYS: ArrayRecord({protocol.UPDATE_SUM: Array(total.numpy())}),
+        protocol.METRICS: metrics,
+    })
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    cfg = msg.content[protocol.CONFIG]
+    task, data, model = _worker(str(cfg["task"]))
+    users = [int(u) for u in cfg["user_ids"]]
+    loss_sum, correct, count = evaluate_users(model, _params(msg), data, users, int(cfg["max_examples"]))
+    metrics = MetricRecord({"loss_sum": float(loss_sum), "correct": int(correct), "count": int(count)})
+    return Message(content=RecordDict({protocol.METRICS: metrics}), reply_to=msg)

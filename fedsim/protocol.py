@@ -1,0 +1,49 @@
+"""The message protocol between the strategy and the ClientApp (no Flower imports).
+
+Train message (server → node), content records:
+  ``arrays``  ArrayRecord  ``params``: the global model, one flat float32 array
+  ``config``  ConfigRecord ``task`` (JSON :class:`Task`), ``round`` (0-based),
+                           ``user_ids`` (the users this node must train)
+Train reply (node → server):
+  ``arrays``  ArrayRecord  ``update_sum``: Σ clip(Δ_i, c) over those users, flat float32
+  ``metrics`` MetricRecord ``num_users``, ``user_ids``, ``user_loss``,
+                           ``user_examples``, ``num_clipped``
+Evaluate message: ``params``, ``task``, ``user_ids``, ``max_examples``;
+reply ``metrics``: ``loss_sum``, ``correct``, ``count``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from fedsim.data import DataSpec
+from fedsim.training import LocalTraining
+
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+PARAMS = "params"
+UPDATE_SUM = "update_sum"
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a worker needs to build (once) and to train users: data, model, hyperparameters."""
+
+    data: DataSpec
+    model: str
+    model_seed: int
+    seed: int
+    local: LocalTraining
+    threads: int = 1
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, s: str) -> "Task":
+        d = json.loads(s)
+        return cls(DataSpec(**d["data"]), d["model"], int(d["model_seed"]), int(d["seed"]),
+                   LocalTraining(**d["local"]), int(d.get("threads", 1)))

@@ -1,0 +1,468 @@
+"""Read finished (or running) run folders back, plot them and compare them.
+
+A run folder holds ``metrics.jsonl`` (one JSON object per round), ``summary.json``
+and ``config.toml``. Everything here only reads those files; nothing needs Flower,
+Ray or torch. Plots use matplotlib's non-interactive ``Agg`` backend, so they work
+on headless machines, and every figure is closed after it is saved.
+
+Conventions: ε is a float, ``math.inf`` when the run had no differential privacy
+(the files store that as the string ``"inf"``); accuracies are fractions in
+``[0, 1]`` and are shown as percentages only by :func:`format_table`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedsim.errors import FedsimError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.axes import Axes
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+PLOTS_DIR = "plots"
+
+#: Columns of :func:`comparison_table`, in order, with the header :func:`format_table` prints.
+TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run", "run"),
+    ("name", "name"),
+    ("mechanism", "mechanism"),
+    ("noise_multiplier", "noise"),
+    ("epsilon", "epsilon"),
+    ("delta", "delta"),
+    ("rounds", "rounds"),
+    ("population", "population"),
+    ("final_eval_accuracy", "final_acc"),
+    ("best_eval_accuracy", "best_acc"),
+    ("wall_seconds", "wall_s"),
+)
+
+_TEXT_COLUMNS = frozenset({"run", "name", "mechanism"})
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _epsilon(value: Any, where: str) -> float | None:
+    """Turn a stored ε (number, ``"inf"`` or null) into a float (``math.inf`` for no DP)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise FedsimError(f"{where}: epsilon must be a number or \"inf\", got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            parsed = float(value.strip())
+        except ValueError:
+            parsed = math.nan
+        if math.isinf(parsed) and parsed > 0:
+            return math.inf
+        if math.isfinite(parsed):
+            return parsed
+    raise FedsimError(f"{where}: epsilon must be a number or \"inf\", got {value!r}")
+
+
+def _read_text(path: Path) -> str:
+    """Read ``path`` as UTF-8, turning every failure into a :class:`FedsimError`."""
+    if not path.is_file():
+        raise FedsimError(
+            f"{path}: file not found; is {path.parent} a fedsim run folder "
+            f"(it should contain {METRICS_FILE} and {SUMMARY_FILE})?"
+        )
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise FedsimError(f"{path}: not UTF-8 text ({exc})") from exc
+    except OSError as exc:
+        raise FedsimError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Parse a run's ``metrics.jsonl``, one dict per round, in file order.
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        The run folder that contains ``metrics.jsonl``.
+
+    Returns
+    -------
+    list of dict
+        One dict per non-blank line. ``epsilon`` is a float, ``math.inf`` where the
+        file says ``"inf"`` (no differential privacy); other keys are as stored
+        (``eval_accuracy`` etc. are ``None`` in rounds that were not evaluated).
+
+    Raises
+    ------
+    FedsimError
+        If the file is missing or unreadable, or a line is not a JSON object with
+        a ``round`` key; the message names the file and the line number.
+    """
+    path = Path(run_dir) / METRICS_FILE
+    rows: list[dict[str, Any]] = []
+    for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise FedsimError(
+                f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                "the file may be truncated or corrupted"
+            ) from exc
+        if not isinstance(row, dict):
+            raise FedsimError(f"{where}: expected a JSON object per line, got {type(row).__name__}")
+        if "round" not in row:
+            raise FedsimError(f"{where}: the object has no 'round' key")
+        if "epsilon" in row:
+            row["epsilon"] = _epsilon(row["epsilon"], where)
+        rows.append(row)
+    return rows
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    """Parse a run's ``summary.json``.
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        The run folder that contains ``summary.json``.
+
+    Returns
+    -------
+    dict
+        The summary, with ``epsilon`` as a float (``math.inf`` for no DP).
+
+    Raises
+    ------
+    FedsimError
+        If the file is missing or unreadable, is not valid JSON, or is not a JSON
+        object; the message names the file.
+    """
+    path = Path(run_dir) / SUMMARY_FILE
+    try:
+        summary = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise FedsimError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+        ) from exc
+    if not isinstance(summary, dict):
+        raise FedsimError(f"{path}: expected a JSON object, got {type(summary).__name__}")
+    if "epsilon" in summary:
+        summary["epsilon"] = _epsilon(summary["epsilon"], str(path))
+    return summary
+
+
+def _summary_or_none(run_dir: Path) -> dict[str, Any] | None:
+    """The summary, or None while a run is still going and has not written one yet."""
+    if not (run_dir / SUMMARY_FILE).exists():
+        return None
+    return read_summary(run_dir)
+
+
+def _run_name(run_dir: Path, summary: dict[str, Any] | None) -> str:
+    """The run's name from its summary, else the folder name."""
+    if summary and summary.get("name"):
+        return str(summary["name"])
+    return run_dir.name
+
+
+def _accuracy_curve(metrics: Iterable[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """(rounds, eval accuracies) of the evaluated rounds, sorted by round."""
+    points = sorted(
+        (int(m["round"]), float(m["eval_accuracy"]))
+        for m in metrics
+        if m.get("eval_accuracy") is not None
+    )
+    return [r for r, _ in points], [a for _, a in points]
+
+
+# ----------------------------------------------------------------------------- plotting
+
+
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the headless ``Agg`` backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _empty_note(ax: Axes, text: str) -> None:
+    """Write ``text`` in the middle of an otherwise empty axes."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=14, transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _round_axis(ax: Axes) -> None:
+    """Label the x axis "round" with whole-number ticks only."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("round")
+    if ax.lines:  # an empty placeholder plot keeps its ticks hidden
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Plot one run: eval accuracy and ε against the round.
+
+    Writes ``accuracy.png`` (only the rounds that were evaluated; with a dashed
+    "most frequent char" line when the summary has ``majority_baseline_accuracy``)
+    and ``epsilon.png`` (a note instead of a curve when every ε is infinite, i.e.
+    the run had no DP).
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        The run folder; ``metrics.jsonl`` is required, ``summary.json`` is used
+        for the name and baseline when present (a running job has none yet).
+    out_dir : str or Path, optional
+        Folder to write the PNGs into, created if needed. Default
+        ``<run_dir>/plots``.
+
+    Returns
+    -------
+    list of Path
+        The written files: ``[accuracy.png, epsilon.png]``.
+
+    Raises
+    ------
+    FedsimError
+        If ``metrics.jsonl`` is missing or corrupted, or ``summary.json`` exists
+        but is corrupted.
+    """
+    run_path = Path(run_dir)
+    metrics = read_metrics(run_path)
+    summary = _summary_or_none(run_path)
+    name = _run_name(run_path, summary)
+    target = Path(out_dir) if out_dir is not None else run_path / PLOTS_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    plt = _pyplot()
+
+    acc_path = target / "accuracy.png"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    try:
+        rounds, accs = _accuracy_curve(metrics)
+        if rounds:
+            ax.plot(rounds, accs, marker="o", markersize=3, label="eval accuracy")
+        else:
+            _empty_note(ax, "no evaluated rounds")
+        baseline = (summary or {}).get("majority_baseline_accuracy")
+        if baseline is not None:
+            ax.axhline(float(baseline), linestyle="--", color="grey", label="most frequent char")
+        if rounds or baseline is not None:
+            ax.legend(loc="best")
+        _round_axis(ax)
+        ax.set_ylabel("eval accuracy")
+        ax.set_title(f"{name}: eval accuracy")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(acc_path, dpi=100)
+    finally:
+        plt.close(fig)
+
+    eps_path = target / "epsilon.png"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    try:
+        points = sorted(
+            (int(m["round"]), float(m["epsilon"]))
+            for m in metrics
+            if m.get("epsilon") is not None and math.isfinite(m["epsilon"])
+        )
+        has_inf = any(m.get("epsilon") == math.inf for m in metrics)
+        if points:
+            ax.plot([r for r, _ in points], [e for _, e in points], marker="o", markersize=3)
+        elif has_inf:
+            _empty_note(ax, "no DP (ε = ∞)")
+        else:
+            _empty_note(ax, "no ε recorded")
+        _round_axis(ax)
+        ax.set_ylabel("ε (spent so far)")
+        ax.set_title(f"{name}: privacy budget")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(eps_path, dpi=100)
+    finally:
+        plt.close(fig)
+
+    return [acc_path, eps_path]
+
+
+def plot_comparison(run_dirs: Sequence[str | Path], out_path: str | Path) -> Path:
+    """Overlay the eval-accuracy curves of several runs in one figure.
+
+    Parameters
+    ----------
+    run_dirs : sequence of str or Path
+        The run folders to compare, at least one; each needs ``metrics.jsonl``.
+        The legend shows each run's name from ``summary.json`` (the folder name
+        when there is no summary, with the folder appended when names repeat).
+    out_path : str or Path
+        The PNG file to write; its folder is created if needed.
+
+    Returns
+    -------
+    Path
+        ``out_path``.
+
+    Raises
+    ------
+    FedsimError
+        If ``run_dirs`` is empty or a run's files are missing or corrupted.
+    """
+    paths = [Path(d) for d in run_dirs]
+    if not paths:
+        raise FedsimError("plot_comparison: give at least one run folder")
+    curves = []
+    for run_path in paths:
+        name = _run_name(run_path, _summary_or_none(run_path))
+        curves.append((name, run_path, _accuracy_curve(read_metrics(run_path))))
+    names = [c[0] for c in curves]
+
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    try:
+        for name, run_path, (rounds, accs) in curves:
+            label = name if names.count(name) == 1 else f"{name} ({run_path.name})"
+            ax.plot(rounds, accs, marker="o", markersize=3, label=label)
+        _round_axis(ax)
+        ax.set_ylabel("eval accuracy")
+        ax.set_title("eval accuracy: " + ", ".join(dict.fromkeys(names)))
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best")
+        fig.tight_layout()
+        fig.savefig(out, dpi=100)
+    finally:
+        plt.close(fig)
+    return out
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def comparison_table(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """One row of headline numbers per run, for :func:`format_table`.
+
+    Parameters
+    ----------
+    run_dirs : iterable of str or Path
+        The run folders; each needs ``summary.json`` and ``metrics.jsonl``.
+
+    Returns
+    -------
+    list of dict
+        One dict per run, in the given order, with keys ``run`` (folder name),
+        ``name``, ``mechanism``, ``noise_multiplier``, ``epsilon`` (float,
+        ``math.inf`` for no DP), ``delta``, ``rounds`` (rounds completed),
+        ``population``, ``final_eval_accuracy``, ``best_eval_accuracy`` (the
+        maximum over all evaluated rounds, None if none was) and ``wall_seconds``.
+        Keys missing from a summary are None.
+
+    Raises
+    ------
+    FedsimError
+        If a run's files are missing or corrupted.
+    """
+    rows: list[dict[str, Any]] = []
+    for run_dir in run_dirs:
+        run_path = Path(run_dir)
+        summary = read_summary(run_path)
+        _, accs = _accuracy_curve(read_metrics(run_path))
+        finite = [a for a in accs if not math.isnan(a)]
+        rows.append(
+            {
+                "run": run_path.name,
+                "name": summary.get("name"),
+                "mechanism": summary.get("mechanism"),
+                "noise_multiplier": summary.get("noise_multiplier"),
+                "epsilon": summary.get("epsilon"),
+                "delta": summary.get("delta"),
+                "rounds": summary.get("rounds_completed"),
+                "population": summary.get("population"),
+                "final_eval_accuracy": summary.get("final_eval_accuracy"),
+                "best_eval_accuracy": max(finite) if finite else None,
+                "wall_seconds": summary.get("wall_seconds"),
+            }
+        )
+    return rows
+
+
+def _cell(key: str, value: Any) -> str:
+    """Format one table cell; None is shown as ``-``."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or isinstance(value, str):
+        return str(value)
+    if not isinstance(value, (int, float)):
+        return str(value)
+    number = float(value)
+    if math.isnan(number):
+        return "nan"
+    if key == "epsilon":
+        return "inf" if math.isinf(number) else f"{number:.3g}"
+    if math.isinf(number):
+        return "inf" if number > 0 else "-inf"
+    if key.endswith("accuracy"):
+        return f"{100.0 * number:.2f}%"
+    if key == "delta":
+        return f"{number:.1e}"
+    if key == "noise_multiplier":
+        return f"{number:.3g}"
+    if key == "wall_seconds":
+        return f"{number:.1f}"
+    if isinstance(value, int):
+        return str(value)
+    return f"{number:.4g}"
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Render :func:`comparison_table` rows as a fixed-width plain-text table.
+
+    Parameters
+    ----------
+    rows : sequence of dict
+        Rows as returned by :func:`comparison_table`; missing keys print as ``-``.
+
+    Returns
+    -------
+    str
+        A header line, a dashed rule and one line per row, without a trailing
+        newline. Text columns are left-aligned and numbers right-aligned;
+        accuracies are percentages with 2 decimals, ε has 3 significant digits
+        (or ``inf``), δ is in ``%.1e`` form.
+    """
+    headers = [label for _, label in TABLE_COLUMNS]
+    body = [[_cell(key, row.get(key)) for key, _ in TABLE_COLUMNS] for row in rows]
+    widths = [max([len(h)] + [len(line[i]) for line in body]) for i, h in enumerate(headers)]
+
+    def render(cells: Sequence[str]) -> str:
+        parts = []
+        for (key, _), cell, width in zip(TABLE_COLUMNS, cells, widths, strict=True):
+            parts.append(cell.ljust(width) if key in _TEXT_COLUMNS else cell.rjust(width))
+        return "  ".join(parts).rstrip()
+
+    lines = [render(headers), "  ".join("-" * w for w in widths)]
+    lines.extend(render(line) for line in body)
+    return "\n".join(lines)
+
+
+__all__ = [
+    "comparison_table",
+    "format_table",
+    "plot_comparison",
+    "plot_run",
+    "read_metrics",
+    "read_summary",
+]

@@ -1,0 +1,296 @@
+"""Run an experiment: resolve privacy, build the pieces, run Flower's simulation on Ray,
+and leave a run folder.
+
+Run folder (``--out DIR``, default ``runs/<timestamp>-<name>``):
+
+- ``config.toml``   the resolved config (defaults filled in, δ resolved)
+- ``metrics.jsonl`` one JSON object per round
+- ``ledger.json``   the privacy ledger (spec + ε after every round)
+- ``summary.json``  final numbers (accuracy, ε, δ, z, model hash, wall time, …)
+- ``checkpoint/checkpoint.pt`` every stateful piece (model, optimizer, noise, sampler, ledger)
+- ``plots/``        ``accuracy.png`` and ``epsilon.png``
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+import warnings
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn.utils import parameters_to_vector
+
+from fedsim.checkpoint import save_checkpoint
+from fedsim.config import Config
+from fedsim.data import DataSpec, FederatedText, load_federated
+from fedsim.errors import FedsimError
+from fedsim.metrics import MetricsWriter, ProgressLine
+from fedsim.models import make_model, num_parameters
+from fedsim.optim import make_optimizer
+from fedsim.privacy.accounting import AccountingSpec, calibrate_noise_multiplier, default_delta, epsilon
+from fedsim.privacy.ledger import Ledger
+from fedsim.privacy.noise import make_noise_mechanism
+from fedsim.privacy.participation import make_scheme
+from fedsim.sampling import make_sampler
+from fedsim.seeding import derive_seed
+from fedsim.server import DPServer
+from fedsim.training import LocalTraining
+
+
+def resolve_privacy(cfg: Config, population: int) -> AccountingSpec:
+    """The accounting spec of ``cfg`` for a population of ``population`` users:
+    δ defaulted to ``1/N^1.1`` and ``z`` calibrated when a target ε is given."""
+    cfg.validate_population(population)
+    p = cfg.privacy
+    delta = p.delta if p.delta is not None else default_delta(population)
+    spec = AccountingSpec(mechanism=p.mechanism, scheme=cfg.sampling.scheme, population=population,
+                          cohort_size=cfg.sampling.cohort_size, noise_multiplier=p.noise_multiplier or 0.0,
+                          delta=delta, accountant=p.accountant)
+    if p.mechanism != "none" and p.target_epsilon is not None:
+        z = calibrate_noise_multiplier(spec, cfg.rounds, p.target_epsilon)
+        spec = replace(spec, noise_multiplier=z)
+    return spec
+
+
+def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
+    """What ``fedsim privacy --json`` prints: ε after ``cfg.rounds`` rounds without training."""
+    spec = resolve_privacy(cfg, population)
+    eps = epsilon(spec, cfg.rounds)
+    return {
+        "epsilon": eps if math.isfinite(eps) else "inf",
+        "delta": spec.delta,
+        "noise_multiplier": spec.noise_multiplier,
+        "rounds": cfg.rounds,
+        "sampling_rate": spec.sampling_rate,
+        "population": population,
+        "mechanism": spec.mechanism,
+        "accountant": spec.effective_accountant,
+        "scheme": spec.scheme,
+        "cohort_size": spec.cohort_size,
+        "neighboring_relation": spec.neighboring_relation,
+    }
+
+
+def default_run_dir(cfg: Config) -> Path:
+    return Path("runs") / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{cfg.name}"
+
+
+def model_sha256(params: torch.Tensor) -> str:
+    """SHA-256 of the flat float32 parameters (little-endian bytes)."""
+    return hashlib.sha256(params.detach().cpu().to(torch.float32).contiguous().numpy().tobytes()).hexdigest()
+
+
+def _device(cfg: Config) -> torch.device:
+    if cfg.sim.device == "cuda" and not torch.cuda.is_available():
+        raise FedsimError("sim.device = 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    if cfg.sim.device == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def num_workers(cfg: Config) -> int:
+    """Workers (SuperNodes / Ray actors): ``sim.num_workers`` or CPUs / ``sim.client_cpus``."""
+    if cfg.sim.num_workers is not None:
+        return cfg.sim.num_workers
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, int(cpus // cfg.sim.client_cpus))
+
+
+@dataclass
+class Prepared:
+    """Everything built before the simulation starts (nothing has run yet)."""
+
+    cfg: Config
+    data: FederatedText
+    spec: AccountingSpec
+    x0: torch.Tensor
+    num_params: int
+
+
+def prepare(cfg: Config) -> Prepared:
+    """Load data, validate against the population and resolve privacy; raises
+    :class:`FedsimError` before anything starts."""
+    data = load_federated(DataSpec.from_config(cfg.data))
+    spec = resolve_privacy(cfg, data.population)
+    model = make_model(cfg.model.name, data.vocab_size, seed=derive_seed(cfg.seed, "model"))
+    x0 = parameters_to_vector(model.parameters()).detach().to(torch.float32)
+    return Prepared(cfg, data, spec, x0, num_parameters(model))
+
+
+class _DropDeprecationBanner(logging.Filter):
+    """fedsim drives Flower's simulation engine through ``run_simulation`` on purpose
+    (no ``flwr run`` local mode, which installs dependencies at run time); its
+    deprecation banner is not actionable for a fedsim user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return "DEPRECATED FEATURE" not in msg and "deprecated feature" not in msg
+
+
+def _quiet_flower() -> None:
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.setLevel(logging.WARNING)
+    if not any(isinstance(f, _DropDeprecationBanner) for f in flwr_logger.filters):
+        flwr_logger.addFilter(_DropDeprecationBanner())
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: bool = True,
+                   client_app: Any = None) -> dict[str, Any]:
+    """Run ``cfg`` in Flower's simulation engine on Ray and write the run folder.
+
+    Parameters
+    ----------
+    cfg : the validated experiment config.
+    out_dir : run folder (default ``runs/<timestamp>-<name>``); must not hold a run.
+    progress : print the header and the live progress line.
+    client_app : the Flower ClientApp to run (default ``clients.client_app.app``; tests
+        pass a fault-injecting one).
+
+    Returns the summary dict (also written to ``summary.json``).
+    """
+    t_start = time.perf_counter()
+    prep = prepare(cfg)
+    data, spec = prep.data, prep.spec
+    out = Path(out_dir) if out_dir is not None else default_run_dir(cfg)
+    if (out / "metrics.jsonl").exists():
+        raise FedsimError(f"run folder {out} already holds a run; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+
+    resolved = cfg.model_copy(deep=True)
+    resolved.privacy.delta = spec.delta
+    (out / "config.toml").write_text(resolved.to_toml(), encoding="utf-8")
+
+    device = _device(cfg)
+    n_workers = num_workers(cfg)
+    noise = make_noise_mechanism(spec.mechanism, prep.num_params, derive_seed(cfg.seed, "noise-base"), device)
+    s = cfg.server
+    optimizer = make_optimizer(s.optimizer, s.lr, s.momentum, s.beta1, s.beta2, s.eps, s.bias_correction)
+    ledger = Ledger(spec, cfg.rounds)
+    server = DPServer(prep.x0.to(device), noise, optimizer, ledger, cfg.client.clip_norm,
+                      spec.noise_multiplier if spec.mechanism != "none" else 0.0, cfg.sampling.cohort_size)
+    scheme = make_scheme(cfg.sampling.scheme, data.population, cfg.sampling.cohort_size)
+    sampler = make_sampler(scheme, derive_seed(cfg.seed, "sampler-base"))
+
+    from fedsim.protocol import Task
+
+    local = LocalTraining(cfg.client.local_epochs, cfg.client.batch_size, cfg.client.lr,
+                          cfg.client.max_examples, cfg.client.clip_norm)
+    task = Task(DataSpec.from_config(cfg.data), cfg.model.name, derive_seed(cfg.seed, "model"), cfg.seed,
+                local, threads=max(1, int(cfg.sim.client_cpus)))
+    train_costs = np.minimum(data.examples_per_user(), cfg.client.max_examples) * cfg.client.local_epochs
+    pop = data.population
+    if cfg.eval.max_users is not None and cfg.eval.max_users < pop:
+        rng = np.random.default_rng(derive_seed(cfg.seed, "eval-users"))
+        eval_users = sorted(rng.choice(pop, size=cfg.eval.max_users, replace=False).tolist())
+    else:
+        eval_users = list(range(pop))
+    eval_costs = np.array([min(data.num_test(u), cfg.eval.max_examples_per_user) for u in range(pop)])
+    _, baseline = data.majority_baseline(eval_users, cfg.eval.max_examples_per_user)
+
+    writer = MetricsWriter(out / "metrics.jsonl")
+    line = ProgressLine(cfg.rounds, enabled=progress)
+    state: dict[str, Any] = {"last_eval": None}
+
+    def write_ledger() -> None:
+        tmp = out / ".ledger.json.tmp"
+        tmp.write_text(json.dumps(ledger.to_json(), indent=1), encoding="utf-8")
+        os.replace(tmp, out / "ledger.json")
+
+    def on_round_end(row: dict[str, Any], strategy: Any) -> None:
+        writer.write(row)
+        if row.get("eval_accuracy") is not None:
+            state["last_eval"] = row["eval_accuracy"]
+        r = row["round"]
+        if r % cfg.checkpoint.every == 0 or r == cfg.rounds:
+            save_checkpoint(out / "checkpoint", {
+                "format": "fedsim.checkpoint/1",
+                "server": server.state_dict(),
+                "sampler": sampler.state_dict(),
+                "metrics_rows": r,
+                "config": resolved.model_dump(mode="json"),
+            })
+            write_ledger()
+        line.update(row)
+
+    from strategies.server_app import make_server_app
+    from strategies.user_dp import UserLevelDPStrategy
+    if client_app is None:
+        from clients.client_app import app as client_app
+
+    strategy = UserLevelDPStrategy(
+        server=server, sampler=sampler, task_json=task.to_json(), train_costs=train_costs,
+        rounds=cfg.rounds, eval_users=eval_users, eval_costs=eval_costs, eval_every=cfg.eval.every,
+        eval_max_examples=cfg.eval.max_examples_per_user, round_timeout=cfg.sim.round_timeout,
+        min_nodes=n_workers, on_round_end=on_round_end)
+
+    _quiet_flower()
+    from flwr.simulation import run_simulation
+
+    gpus = cfg.sim.client_gpus if torch.cuda.is_available() else 0.0
+    backend_config = {
+        "client_resources": {"num_cpus": cfg.sim.client_cpus, "num_gpus": gpus},
+        "init_args": {
+            "num_cpus": int(math.ceil(n_workers * cfg.sim.client_cpus)),
+            "num_gpus": int(math.ceil(n_workers * gpus)),
+            "include_dashboard": False,
+            "logging_level": logging.ERROR,
+            "log_to_driver": True,
+        },
+    }
+    if progress:
+        print(f"fedsim: {cfg.name}: {pop} users, {prep.num_params:,} parameters, {cfg.rounds} rounds, "
+              f"{spec.mechanism} noise z = {spec.noise_multiplier:.4g}, δ = {spec.delta:.3g}, "
+              f"{n_workers} Ray workers → {out}", flush=True)
+    try:
+        run_simulation(server_app=make_server_app(strategy), client_app=client_app,
+                       num_supernodes=n_workers, backend_config=backend_config)
+    finally:
+        writer.close()
+    if server.round != cfg.rounds:
+        raise RuntimeError(f"simulation stopped after {server.round} of {cfg.rounds} rounds; "
+                           f"the checkpoint in {out / 'checkpoint'} holds the last completed round")
+    write_ledger()
+    eps = ledger.epsilon
+    ex = data.examples_per_user()
+    summary = {
+        "name": cfg.name,
+        "final_eval_accuracy": state["last_eval"],
+        "majority_baseline_accuracy": baseline,
+        "epsilon": eps if math.isfinite(eps) else "inf",
+        "delta": spec.delta,
+        "noise_multiplier": spec.noise_multiplier,
+        "mechanism": spec.mechanism,
+        "scheme": spec.scheme,
+        "accountant": spec.effective_accountant,
+        "cohort_size": spec.cohort_size,
+        "rounds_completed": server.round,
+        "population": pop,
+        "examples_per_user": {"mean": float(ex.mean()), "median": float(np.median(ex)),
+                              "min": int(ex.min()), "max": int(ex.max())},
+        "num_parameters": prep.num_params,
+        "model_sha256": model_sha256(server.params),
+        "wall_seconds": time.perf_counter() - t_start,
+        "num_workers": n_workers,
+        "device": str(device),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    try:
+        from fedsim.report import plot_run
+
+        plot_run(out)
+    except ImportError:  # pragma: no cover - report module is part of the package
+        pass
+    return summary

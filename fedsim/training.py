@@ -1,0 +1,130 @@
+"""One client's local update, and a worker's pass over many users.
+
+A worker keeps one model object and loads each user's starting point into it in
+place (no per-user model, optimizer or serialization). Local training is plain
+minibatch SGD; each user's randomness (which samples, in which order) comes from
+``derive_seed(seed, "client", round, user)``, so a user's update does not depend
+on which worker trains it or which users came before.
+
+After local training, the user's delta ``Δ_i = x_local − x_t`` is clipped to
+``c`` (:func:`fedsim.privacy.clip_vector`) here, in fedsim's own client code; the
+server re-clips the sum of ``m`` users to ``m·c``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils import parameters_to_vector
+
+from fedsim.data import FederatedText
+from fedsim.privacy.clipping import clip_vector
+from fedsim.seeding import make_generator
+
+
+def load_flat_(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy the flat vector ``flat`` into ``params`` in place.
+
+    (``torch.nn.utils.vector_to_parameters`` would make the parameters *views* of
+    ``flat``, so training would silently modify the caller's vector.)
+    """
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[offset: offset + n].view_as(p))
+            offset += n
+    if offset != flat.numel():
+        raise ValueError(f"flat vector has {flat.numel()} entries, the model {offset}")
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """Local-training hyperparameters (``client.*`` in the config).
+
+    Parameters
+    ----------
+    epochs : passes over the user's capped sample set.
+    batch_size : samples per SGD step.
+    lr : SGD step size.
+    max_examples : samples per user per epoch (a seeded draw without replacement).
+    clip_norm : ``c``, the per-user L2 bound on the delta.
+    """
+
+    epochs: int
+    batch_size: int
+    lr: float
+    max_examples: int
+    clip_norm: float
+
+
+@dataclass
+class UserResult:
+    user: int
+    loss: float
+    num_examples: int
+    norm: float
+    clipped: bool
+
+
+def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: int,
+                   round_index: int, seed: int, spec: LocalTraining) -> tuple[torch.Tensor, UserResult]:
+    """Train ``user`` from the flat parameters ``x0``; return ``(clip(Δ, c), result)``."""
+    params = list(model.parameters())
+    load_flat_(params, x0)
+    model.train()
+    g = make_generator(seed, "client", int(round_index), int(user))
+    n = data.num_train(user)
+    loss_sum, steps, seen = 0.0, 0, 0
+    lossf = nn.functional.cross_entropy
+    for _ in range(spec.epochs):
+        perm = torch.randperm(n, generator=g)[: spec.max_examples].numpy()
+        for s in range(0, len(perm), spec.batch_size):
+            xb, yb = data.train_samples(user, np.sort(perm[s: s + spec.batch_size]))
+            for p in params:
+                p.grad = None
+            loss = lossf(model(xb), yb)
+            loss.backward()
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-spec.lr)
+            loss_sum += float(loss.detach())
+            steps += 1
+            seen += len(yb)
+    with torch.no_grad():
+        delta = parameters_to_vector(params) - x0
+    clipped, norm = clip_vector(delta, spec.clip_norm)
+    return clipped, UserResult(user, loss_sum / max(steps, 1), seen, norm, norm > spec.clip_norm)
+
+
+def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedText, users: list[int],
+                round_index: int, seed: int, spec: LocalTraining) -> tuple[torch.Tensor, list[UserResult]]:
+    """Train each user from ``x0``; return the running sum of their clipped deltas and their results."""
+    total = torch.zeros_like(x0)
+    results = []
+    for u in users:
+        clipped, res = train_one_user(model, x0, data, u, round_index, seed, spec)
+        total.add_(clipped)
+        results.append(res)
+    return total, results
+
+
+@torch.no_grad()
+def evaluate_users(model: nn.Module, x: torch.Tensor, data: FederatedText, users: list[int],
+                   max_examples: int | None) -> tuple[float, int, int]:
+    """Test loss sum, correct predictions and sample count over ``users``' test samples."""
+    load_flat_(list(model.parameters()), x)
+    model.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    for u in users:
+        xb, yb = data.test_samples(u, max_examples)
+        for s in range(0, len(yb), 256):
+            logits = model(xb[s: s + 256])
+            loss_sum += float(nn.functional.cross_entropy(logits, yb[s: s + 256], reduction="sum"))
+            correct += int((logits.argmax(-1) == yb[s: s + 256]).sum())
+        count += len(yb)
+    return loss_sum, correct, count

@@ -1,0 +1,1 @@
+"""Flower server side: the user-level DP strategy and the ServerApp."""

@@ -1,0 +1,229 @@
+"""The user-level DP strategy on Flower's Message API.
+
+Round ``t`` (ALGORITHMS.md section 1): the sampler picks ``S_t`` from the
+participation scheme; users are assigned to worker nodes by expected cost and
+each node gets one message with the global parameters and its users; each reply
+(the sum of that node's users' clipped updates) is validated and re-clipped by
+:class:`~fedsim.aggregation.UpdateAggregator`; :class:`~fedsim.server.DPServer`
+adds the noise row, divides by ``K̄``, steps the server optimizer and records ε.
+Then the metrics line, the checkpoint and the progress line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedsim import protocol
+from fedsim.aggregation import UpdateAggregator
+from fedsim.sampling import CohortSampler
+from fedsim.scheduling import assign_users
+from fedsim.server import DPServer
+
+
+class UserLevelDPStrategy(Strategy):
+    """User-level DP with a fixed denominator, on any noise mechanism and server optimizer.
+
+    Parameters
+    ----------
+    server : the DP server state (parameters, noise, optimizer, ledger).
+    sampler : cohort sampler honouring the run's participation scheme.
+    task_json : the worker task (data, model, local training), sent with every message.
+    train_costs : expected local cost per user (indexed by user), for scheduling.
+    rounds : total rounds ``n``.
+    eval_users : users whose test samples the global model is evaluated on.
+    eval_costs : evaluation cost per user (indexed by user).
+    eval_every : evaluate every this many rounds (0: only after the last round).
+    eval_max_examples : test samples per user in evaluation.
+    round_timeout : seconds to wait for the replies of one round.
+    min_nodes : wait until this many SuperNodes are connected before the first round.
+    on_round_end : called with (metrics row, strategy) after every round (metrics file,
+        checkpoint, progress line).
+    """
+
+    def __init__(self, *, server: DPServer, sampler: CohortSampler, task_json: str,
+                 train_costs: np.ndarray, rounds: int, eval_users: list[int], eval_costs: np.ndarray,
+                 eval_every: int, eval_max_examples: int, round_timeout: float, min_nodes: int = 1,
+                 on_round_end: Callable[[dict[str, Any], "UserLevelDPStrategy"], None] | None = None) -> None:
+        self.server = server
+        self.sampler = sampler
+        self.task_json = task_json
+        self.train_costs = train_costs
+        self.rounds = rounds
+        self.eval_users = eval_users
+        self.eval_costs = eval_costs
+        self.eval_every = eval_every
+        self.eval_max_examples = eval_max_examples
+        self.round_timeout = round_timeout
+        self.on_round_end = on_round_end
+        self.min_nodes = int(min_nodes)
+        self.aggregator = UpdateAggregator(server.params.numel(), server.clip_norm, server.params.device)
+        self._assigned: dict[int, list[int]] = {}
+        self._cohort: list[int] = []
+        self._eval_assigned: dict[int, list[int]] = {}
+
+    # ------------------------------------------------------------------ train
+    def _params_record(self) -> ArrayRecord:
+        return ArrayRecord({protocol.PARAMS: Array(self.server.params.detach().cpu().numpy())})
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        t = server_round - 1
+        self._cohort = self.sampler.sample(t)
+        nodes = sorted(grid.get_node_ids())
+        shares = assign_users(self._cohort, self.train_costs, len(nodes))
+        self._assigned = {}
+        messages = []
+        for node, users in zip(nodes, shares):
+            if not users:
+                continue
+            self._assigned[node] = users
+            cfg = ConfigRecord({"task": self.task_json, "round": t, "user_ids": users})
+            messages.append(Message(RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: cfg}),
+                                    dst_node_id=node, message_type=MessageType.TRAIN,
+                                    group_id=f"train-{t}"))
+        return messages
+
+    @staticmethod
+    def _extract_update(msg: Message) -> Any:
+        try:
+            rec = msg.content.array_records.get(protocol.ARRAYS)
+            if rec is None or protocol.UPDATE_SUM not in rec:
+                return None
+            return rec[protocol.UPDATE_SUM].numpy()
+        except Exception:  # undecodable array: treat as a wrong dtype
+            return np.array(["undecodable"])
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        agg = self.aggregator
+        agg.reset()
+        seen: set[int] = set()
+        losses: list[float] = []
+        examples = 0
+        clipped = 0
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            users = self._assigned.get(node)
+            if users is None or node in seen:
+                agg.drop("unexpected_users", 0)
+                continue
+            seen.add(node)
+            if msg.has_error():
+                agg.drop("client_error", len(users))
+                continue
+            metrics = msg.content.metric_records.get(protocol.METRICS)
+            reported = list(metrics.get("user_ids", [])) if metrics is not None else None
+            if reported is None or [int(u) for u in reported] != users:
+                agg.drop("unexpected_users", len(users))
+                continue
+            if agg.add(self._extract_update(msg), len(users)) is None:
+                losses.extend(float(v) for v in metrics.get("user_loss", []))
+                examples += int(sum(metrics.get("user_examples", [])))
+                clipped += int(metrics.get("num_clipped", 0))
+        for node, users in self._assigned.items():
+            if node not in seen:
+                agg.drop("missing", len(users))
+        eps = self.server.step(agg.total, realized_cohort=len(self._cohort))
+        self._last_train = {
+            "epsilon": eps,
+            "train_loss": float(np.mean(losses)) if losses else None,
+            "cohort_size": len(self._cohort),
+            "accepted_updates": agg.accepted_users,
+            "dropped_updates": agg.dropped_users,
+            "dropped_replies": agg.dropped_replies,
+            "drop_reasons": agg.drop_counts(),
+            "server_reclipped": agg.server_clipped,
+            "clipped_fraction": clipped / agg.accepted_users if agg.accepted_users else None,
+            "train_examples": examples,
+        }
+        mr = MetricRecord({k: v for k, v in self._last_train.items()
+                           if isinstance(v, (int, float)) and v is not None})
+        return self._params_record(), mr
+
+    # --------------------------------------------------------------- evaluate
+    def eval_due(self, server_round: int) -> bool:
+        if not self.eval_users:
+            return False
+        if server_round == self.rounds:
+            return True
+        return self.eval_every > 0 and server_round % self.eval_every == 0
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        if not self.eval_due(server_round):
+            return []
+        nodes = sorted(grid.get_node_ids())
+        shares = assign_users(self.eval_users, self.eval_costs, len(nodes))
+        self._eval_assigned = {}
+        messages = []
+        for node, users in zip(nodes, shares):
+            if not users:
+                continue
+            self._eval_assigned[node] = users
+            cfg = ConfigRecord({"task": self.task_json, "user_ids": users,
+                                "max_examples": self.eval_max_examples})
+            messages.append(Message(RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: cfg}),
+                                    dst_node_id=node, message_type=MessageType.EVALUATE,
+                                    group_id=f"evaluate-{server_round - 1}"))
+        return messages
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        loss_sum, correct, count, failed = 0.0, 0, 0, 0
+        for msg in replies:
+            if msg.has_error() or msg.metadata.src_node_id not in self._eval_assigned:
+                failed += 1
+                continue
+            m = msg.content.metric_records.get(protocol.METRICS)
+            if m is None:
+                failed += 1
+                continue
+            loss_sum += float(m["loss_sum"])
+            correct += int(m["correct"])
+            count += int(m["count"])
+        if count == 0:
+            return None
+        return MetricRecord({"eval_loss": loss_sum / count, "eval_accuracy": correct / count,
+                             "eval_examples": count, "eval_failed_replies": failed})
+
+    def summary(self) -> None:
+        """Flower hook; the run folder holds fedsim's summary."""
+
+    # -------------------------------------------------------------------- run
+    def wait_for_nodes(self, grid: Grid, timeout: float = 300.0) -> None:
+        """Block until ``min_nodes`` SuperNodes are connected (they register asynchronously)."""
+        deadline = time.monotonic() + timeout
+        while len(list(grid.get_node_ids())) < self.min_nodes:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(list(grid.get_node_ids()))} of {self.min_nodes} "
+                                   f"SuperNodes connected after {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def run(self, grid: Grid) -> None:
+        """Run rounds ``server.round .. rounds−1`` (resumes where the server state is)."""
+        self.wait_for_nodes(grid)
+        empty = ConfigRecord()
+        while self.server.round < self.rounds:
+            t0 = time.perf_counter()
+            server_round = self.server.round + 1
+            arrays = self._params_record()
+            messages = list(self.configure_train(server_round, arrays, empty, grid))
+            replies = grid.send_and_receive(messages, timeout=self.round_timeout) if messages else []
+            self.aggregate_train(server_round, replies)
+            row: dict[str, Any] = {"round": server_round, **self._last_train,
+                                   "eval_loss": None, "eval_accuracy": None}
+            ev_msgs = list(self.configure_evaluate(server_round, self._params_record(), empty, grid))
+            if ev_msgs:
+                ev = self.aggregate_evaluate(server_round,
+                                             grid.send_and_receive(ev_msgs, timeout=self.round_timeout))
+                if ev is not None:
+                    row.update({k: ev[k] for k in ("eval_loss", "eval_accuracy", "eval_examples")})
+            row["seconds"] = time.perf_counter() - t0
+            if self.on_round_end is not None:
+                self.on_round_end(row, self)
