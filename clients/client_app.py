@@ -35,6 +35,8 @@ def _worker(task_json: str) -> tuple:
             torch.set_num_threads(max(1, task.threads))
             data = load_federated(task.data)
             model = make_model(task.model, data.vocab_size, seed=task.model_seed)
+            if task.use_gpu and torch.cuda.is_available():
+                model = model.to("cuda")
             _workers.clear()  # one task per process at a time
             _workers[task_json] = (task, data, model)
         return _workers[task_json]

@@ -37,6 +37,7 @@ class Task:
     seed: int
     local: LocalTraining
     threads: int = 1
+    use_gpu: bool = False
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -46,4 +47,4 @@ class Task:
     def from_json(cls, s: str) -> "Task":
         d = json.loads(s)
         return cls(DataSpec(**d["data"]), d["model"], int(d["model_seed"]), int(d["seed"]),
-                   LocalTraining(**d["local"]), int(d.get("threads", 1)))
+                   LocalTraining(**d["local"]), int(d.get("threads", 1)), bool(d.get("use_gpu", False)))

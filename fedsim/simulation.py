@@ -189,7 +189,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     local = LocalTraining(cfg.client.local_epochs, cfg.client.batch_size, cfg.client.lr,
                           cfg.client.max_examples, cfg.client.clip_norm)
     task = Task(DataSpec.from_config(cfg.data), cfg.model.name, derive_seed(cfg.seed, "model"), cfg.seed,
-                local, threads=max(1, int(cfg.sim.client_cpus)))
+                local, threads=max(1, int(cfg.sim.client_cpus)),
+                use_gpu=cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu")
     train_costs = np.minimum(data.examples_per_user(), cfg.client.max_examples) * cfg.client.local_epochs
     pop = data.population
     if cfg.eval.max_users is not None and cfg.eval.max_users < pop:

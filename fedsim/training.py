@@ -31,14 +31,15 @@ def load_flat_(params: list[torch.Tensor], flat: torch.Tensor) -> None:
     (``torch.nn.utils.vector_to_parameters`` would make the parameters *views* of
     ``flat``, so training would silently modify the caller's vector.)
     """
+    total = sum(p.numel() for p in params)
+    if flat.numel() != total:
+        raise ValueError(f"flat vector has {flat.numel()} entries, the model {total}")
     offset = 0
     with torch.no_grad():
         for p in params:
             n = p.numel()
             p.copy_(flat[offset: offset + n].view_as(p))
             offset += n
-    if offset != flat.numel():
-        raise ValueError(f"flat vector has {flat.numel()} entries, the model {offset}")
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,13 @@ class UserResult:
 
 def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: int,
                    round_index: int, seed: int, spec: LocalTraining) -> tuple[torch.Tensor, UserResult]:
-    """Train ``user`` from the flat parameters ``x0``; return ``(clip(Δ, c), result)``."""
+    """Train ``user`` from the flat parameters ``x0``; return ``(clip(Δ, c), result)``.
+
+    Training runs on the model's device; the returned update is on the CPU.
+    """
     params = list(model.parameters())
+    dev = params[0].device
+    x0 = x0.to(dev)
     load_flat_(params, x0)
     model.train()
     g = make_generator(seed, "client", int(round_index), int(user))
@@ -84,6 +90,7 @@ def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedText, user
         perm = torch.randperm(n, generator=g)[: spec.max_examples].numpy()
         for s in range(0, len(perm), spec.batch_size):
             xb, yb = data.train_samples(user, np.sort(perm[s: s + spec.batch_size]))
+            xb, yb = xb.to(dev), yb.to(dev)
             for p in params:
                 p.grad = None
             loss = lossf(model(xb), yb)
@@ -98,7 +105,7 @@ def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedText, user
     with torch.no_grad():
         delta = parameters_to_vector(params) - x0
     clipped, norm = clip_vector(delta, spec.clip_norm)
-    return clipped, UserResult(user, loss_sum / max(steps, 1), seen, norm, norm > spec.clip_norm)
+    return clipped.cpu(), UserResult(user, loss_sum / max(steps, 1), seen, norm, norm > spec.clip_norm)
 
 
 def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedText, users: list[int],
@@ -117,11 +124,14 @@ def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedText, users: 
 def evaluate_users(model: nn.Module, x: torch.Tensor, data: FederatedText, users: list[int],
                    max_examples: int | None) -> tuple[float, int, int]:
     """Test loss sum, correct predictions and sample count over ``users``' test samples."""
-    load_flat_(list(model.parameters()), x)
+    params = list(model.parameters())
+    dev = params[0].device
+    load_flat_(params, x.to(dev))
     model.eval()
     loss_sum, correct, count = 0.0, 0, 0
     for u in users:
         xb, yb = data.test_samples(u, max_examples)
+        xb, yb = xb.to(dev), yb.to(dev)
         for s in range(0, len(yb), 256):
             logits = model(xb[s: s + 256])
             loss_sum += float(nn.functional.cross_entropy(logits, yb[s: s + 256], reduction="sum"))
