@@ -77,6 +77,7 @@ def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
         "scheme": spec.scheme,
         "cohort_size": spec.cohort_size,
         "neighboring_relation": spec.neighboring_relation,
+        "sensitivity_in_c": spec.sensitivity_in_c,
     }
 
 

@@ -56,10 +56,12 @@ def independent_poisson_rdp(q: float, z: float, t: int, delta: float) -> float:
 
 
 def independent_fixed_rdp(n: int, k: int, z: float, t: int, delta: float) -> float:
+    # Replace-one: one user's clipped update u becomes u', the sum moves by ≤ 2c, so the
+    # Gaussian event's multiplier (std / sensitivity) is c·z / 2c = z/2.
     acc = dp_accounting.rdp.RdpAccountant(
         neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     acc.compose(dp_event.SelfComposedDpEvent(
-        dp_event.SampledWithoutReplacementDpEvent(n, k, dp_event.GaussianDpEvent(z)), t))
+        dp_event.SampledWithoutReplacementDpEvent(n, k, dp_event.GaussianDpEvent(z / 2)), t))
     return acc.get_epsilon(delta)
 
 
@@ -284,3 +286,15 @@ def test_ledger_rejects_out_of_order_rounds_and_resumes():
     assert resumed.entries == ledger.entries
     e2 = resumed.record_round(2, 10)
     assert rel(e2, independent_poisson_rdp(K / N, Z, 3, DELTA)) < 1e-9
+
+
+@pytest.mark.parametrize("z", [1.0, 2.0, 4.0])
+def test_fixed_full_cohort_is_a_gaussian_with_sensitivity_2c(z):
+    """K = N, one round: the release is the sum of all N clipped updates plus N(0, (cz)²);
+    under replace-one its sensitivity is 2c, so the exact ε is the Gaussian mechanism's
+    with μ = 2/z. RDP must never report less than that exact value (and stays close)."""
+    s = spec(scheme="fixed", population=50, cohort_size=50, noise_multiplier=z, delta=1e-5)
+    exact = gaussian_epsilon_closed_form(2.0 / z, 1e-5)
+    got = epsilon(s, 1)
+    assert got >= exact * (1 - 1e-9)
+    assert got <= exact * 1.6

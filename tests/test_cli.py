@@ -43,11 +43,12 @@ def test_privacy_fixed_scheme_uses_rdp_replace_one(capsys):
                            "--set", "privacy.noise_multiplier=1.1", "--set", "privacy.delta=1e-5", "--json")
     r = json.loads(out)
     assert code == 0 and r["accountant"] == "rdp" and r["neighboring_relation"] == "replace_one"
+    assert r["sensitivity_in_c"] == 2.0  # replace-one: the sum moves by up to 2c
     from dp_accounting import NeighboringRelation
 
     acc = RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
     acc.compose(dp_event.SelfComposedDpEvent(
-        dp_event.SampledWithoutReplacementDpEvent(500, 25, dp_event.GaussianDpEvent(1.1)), 20))
+        dp_event.SampledWithoutReplacementDpEvent(500, 25, dp_event.GaussianDpEvent(1.1 / 2)), 20))
     assert r["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
 
 

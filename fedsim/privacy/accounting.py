@@ -1,5 +1,11 @@
 """Privacy accounting with ``dp-accounting`` (ALGORITHMS.md section 4).
 
+Sensitivity: dp-accounting's noise multiplier is the noise std divided by the L2
+sensitivity of the released sum *under the event's adjacency*. Under add/remove-one
+a user changes the sum of clipped updates by at most ``c``, so the multiplier is
+``z``. Under replace-one (``fixed`` sampling) one user's update ``u`` becomes ``u'``,
+so the sum changes by up to ``‖u − u'‖ ≤ 2c``, and the multiplier is ``z/2``.
+
 No RDP or PLD is hand-rolled here: every ε comes from dp-accounting, for the
 DP events the sampler really produces. A round is one event; a run of ``t``
 rounds is the ``t``-fold self-composition of it.
@@ -10,7 +16,7 @@ mechanism      scheme        event of one round
 ``gaussian``   ``poisson``   ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``;
                              PLD (default) or RDP; add/remove-one adjacency
 ``gaussian``   ``fixed``     ``SampledWithoutReplacementDpEvent(N, K,
-                             GaussianDpEvent(z))``; RDP; replace-one adjacency
+                             GaussianDpEvent(z/2))``; RDP; replace-one adjacency
 ``none``       any           ``NonPrivateDpEvent`` (ε = ∞)
 =============  ============  ======================================================
 """
@@ -75,16 +81,23 @@ class AccountingSpec:
     def neighboring_relation(self) -> str:
         return "replace_one" if self.scheme == "fixed" else "add_or_remove_one"
 
+    @property
+    def sensitivity_in_c(self) -> float:
+        """L2 sensitivity of the sum of clipped updates, in units of ``c``, under the
+        scheme's adjacency: 1 for add/remove-one, 2 for replace-one."""
+        return 2.0 if self.neighboring_relation == "replace_one" else 1.0
+
     def round_event(self) -> dp_event.DpEvent:
         """The DP event of one round."""
         if self.mechanism == "none":
             return dp_event.NonPrivateDpEvent()
         if self.mechanism != "gaussian":
             raise FedsimError(f"privacy.mechanism = {self.mechanism!r} has no accountant yet")
-        g = dp_event.GaussianDpEvent(self.noise_multiplier)
         if self.scheme == "poisson":
+            g = dp_event.GaussianDpEvent(self.noise_multiplier / self.sensitivity_in_c)
             return dp_event.PoissonSampledDpEvent(self.sampling_rate, g)
         if self.scheme == "fixed":
+            g = dp_event.GaussianDpEvent(self.noise_multiplier / self.sensitivity_in_c)
             return dp_event.SampledWithoutReplacementDpEvent(self.population, self.cohort_size, g)
         raise FedsimError(f"sampling.scheme = {self.scheme!r} has no accountant yet")
 
@@ -105,6 +118,7 @@ class AccountingSpec:
         d["sampling_rate"] = self.sampling_rate
         d["effective_accountant"] = self.effective_accountant
         d["neighboring_relation"] = self.neighboring_relation
+        d["sensitivity_in_c"] = self.sensitivity_in_c
         return d
 
 
