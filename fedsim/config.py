@@ -86,14 +86,28 @@ class ClientConfig(_Section):
 
 
 class SamplingConfig(_Section):
-    """Participation scheme (ALGORITHMS.md section 2).
+    """Participation scheme (ALGORITHMS.md section 2; :mod:`fedsim.privacy.participation`).
 
-    ``poisson``: each user independently with probability ``cohort_size / N``.
-    ``fixed``: exactly ``cohort_size`` users uniformly without replacement.
+    Parameters
+    ----------
+    scheme : ``poisson`` (each user with probability ``cohort_size / N``), ``fixed``
+        (exactly ``cohort_size`` without replacement), ``single`` (each user at most once),
+        ``epochs`` (``min_sep`` fixed groups cycled in order), ``min_sep`` (the same groups,
+        optionally Poisson-thinned).
+    cohort_size : ``K̄``, the fixed denominator (for ``epochs``/``min_sep`` without
+        thinning: the group size ``⌊N/b⌋``).
+    min_sep : ``b``, the number of groups = the minimum separation between a user's
+        rounds (``epochs``/``min_sep``; default ``rounds``, i.e. one participation).
+    max_participations : ``k`` (default ``⌈rounds / b⌉``).
+    poisson_within_group : ``min_sep`` only: sample each group member with
+        ``p = cohort_size / ⌊N/b⌋`` (amplified banded MF).
     """
 
-    scheme: Literal["poisson", "fixed"] = "poisson"
+    scheme: Literal["poisson", "fixed", "single", "epochs", "min_sep"] = "poisson"
     cohort_size: int = Field(default=40, ge=1)
+    min_sep: int | None = Field(default=None, ge=1)
+    max_participations: int | None = Field(default=None, ge=1)
+    poisson_within_group: bool = False
 
 
 class PrivacyConfig(_Section):
@@ -101,21 +115,37 @@ class PrivacyConfig(_Section):
 
     Parameters
     ----------
-    mechanism : ``none`` (no noise, ε = ∞) or ``gaussian`` (independent Gaussian
-        noise, amplified by the sampling scheme).
+    mechanism : ``none`` (no noise, ε = ∞), ``gaussian`` (independent Gaussian noise,
+        amplified by ``poisson``/``fixed`` sampling), or a matrix-factorization mechanism
+        (correlated noise; needs ``single``/``epochs``/``min_sep``): ``identity`` (DP-SGD
+        without amplification), ``tree``, ``sqrt``, ``dense``, ``dpmf_plus``, ``banded``, ``blt``.
     noise_multiplier : ``z``; noise std on the summed update is ``c·z``. Give this or
         ``target_epsilon``, not both.
     target_epsilon : calibrate ``z`` by bisection so that ε after all rounds is at
         most this.
     delta : δ; default ``1 / N^1.1`` with ``N`` the population.
     accountant : ``pld`` (default, tight) or ``rdp``; ``fixed`` sampling always uses RDP.
+    workload : what the factorization is optimised for: ``prefix`` (SGD) or ``momentum``
+        (the server's momentum β).
+    bands : ``banded``: number of bands (default ``sampling.min_sep``).
+    buffers : ``blt``: number of buffers. Default 4.
+    tau : ``dpmf_plus``: τ (default ``rounds``).
+    objective : ``total`` (Σ prefix-sum errors, the default) or ``max`` (worst prefix).
+    tree_estimator : ``tree``: ``online`` (dyadic nodes) or ``full`` (least squares).
     """
 
-    mechanism: Literal["none", "gaussian"] = "gaussian"
+    mechanism: Literal["none", "gaussian", "identity", "tree", "sqrt", "dense", "dpmf_plus",
+                       "banded", "blt"] = "gaussian"
     noise_multiplier: float | None = Field(default=None, ge=0, le=1e4)
     target_epsilon: float | None = Field(default=None, gt=0, le=1e3)
     delta: float | None = Field(default=None, gt=0, lt=1)
     accountant: Literal["pld", "rdp"] = "pld"
+    workload: Literal["prefix", "momentum"] = "prefix"
+    bands: int | None = Field(default=None, ge=1)
+    buffers: int = Field(default=4, ge=1, le=64)
+    tau: int | None = Field(default=None, ge=1)
+    objective: Literal["total", "max"] = "total"
+    tree_estimator: Literal["online", "full"] = "online"
 
     @model_validator(mode="after")
     def _one_of_z_or_target(self) -> "PrivacyConfig":

@@ -38,23 +38,34 @@ from fedsim.models import make_model, num_parameters
 from fedsim.optim import make_optimizer
 from fedsim.privacy.accounting import AccountingSpec, calibrate_noise_multiplier, default_delta, epsilon
 from fedsim.privacy.ledger import Ledger
-from fedsim.privacy.noise import make_noise_mechanism
-from fedsim.privacy.participation import make_scheme
+from fedsim.privacy.mechanisms import MFPlan, make_noise, plan_mf
+from fedsim.privacy.participation import GroupScheme, ParticipationScheme, make_scheme
 from fedsim.sampling import make_sampler
 from fedsim.seeding import derive_seed
 from fedsim.server import DPServer
 from fedsim.training import LocalTraining
 
 
+def scheme_of(cfg: Config, population: int) -> ParticipationScheme:
+    """The participation scheme ``cfg`` asks for, checked against the run length."""
+    s = cfg.sampling
+    return make_scheme(s.scheme, population, s.cohort_size, min_sep=s.min_sep,
+                       max_participations=s.max_participations,
+                       poisson_within_group=s.poisson_within_group, rounds=cfg.rounds)
+
+
 def resolve_privacy(cfg: Config, population: int) -> AccountingSpec:
     """The accounting spec of ``cfg`` for a population of ``population`` users:
     δ defaulted to ``1/N^1.1`` and ``z`` calibrated when a target ε is given."""
     cfg.validate_population(population)
+    scheme = scheme_of(cfg, population)
     p = cfg.privacy
     delta = p.delta if p.delta is not None else default_delta(population)
+    amplified = isinstance(scheme, GroupScheme) and scheme.poisson_within_group
     spec = AccountingSpec(mechanism=p.mechanism, scheme=cfg.sampling.scheme, population=population,
                           cohort_size=cfg.sampling.cohort_size, noise_multiplier=p.noise_multiplier or 0.0,
-                          delta=delta, accountant=p.accountant)
+                          delta=delta, accountant=p.accountant,
+                          min_sep=scheme.min_separation or 1, amplified=amplified)
     if p.mechanism != "none" and p.target_epsilon is not None:
         z = calibrate_noise_multiplier(spec, cfg.rounds, p.target_epsilon)
         spec = replace(spec, noise_multiplier=z)
@@ -113,6 +124,8 @@ class Prepared:
     cfg: Config
     data: FederatedText
     spec: AccountingSpec
+    scheme: ParticipationScheme
+    plan: MFPlan | None
     x0: torch.Tensor
     num_params: int
 
@@ -122,9 +135,16 @@ def prepare(cfg: Config) -> Prepared:
     :class:`FedsimError` before anything starts."""
     data = load_federated(DataSpec.from_config(cfg.data))
     spec = resolve_privacy(cfg, data.population)
+    scheme = scheme_of(cfg, data.population)
+    plan = None
+    if spec.is_mf:
+        p = cfg.privacy
+        plan = plan_mf(p.mechanism, scheme, cfg.rounds, workload=p.workload, momentum=cfg.server.momentum,
+                       bands=p.bands, buffers=p.buffers, tau=p.tau, objective=p.objective,
+                       tree_estimator=p.tree_estimator)
     model = make_model(cfg.model.name, data.vocab_size, seed=derive_seed(cfg.seed, "model"))
     x0 = parameters_to_vector(model.parameters()).detach().to(torch.float32)
-    return Prepared(cfg, data, spec, x0, num_parameters(model))
+    return Prepared(cfg, data, spec, scheme, plan, x0, num_parameters(model))
 
 
 class _DropDeprecationBanner(logging.Filter):
@@ -176,14 +196,13 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
 
     device = _device(cfg)
     n_workers = num_workers(cfg)
-    noise = make_noise_mechanism(spec.mechanism, prep.num_params, derive_seed(cfg.seed, "noise-base"), device)
+    noise = make_noise(spec.mechanism, prep.num_params, derive_seed(cfg.seed, "noise-base"), device, prep.plan)
     s = cfg.server
     optimizer = make_optimizer(s.optimizer, s.lr, s.momentum, s.beta1, s.beta2, s.eps, s.bias_correction)
     ledger = Ledger(spec, cfg.rounds)
     server = DPServer(prep.x0.to(device), noise, optimizer, ledger, cfg.client.clip_norm,
                       spec.noise_multiplier if spec.mechanism != "none" else 0.0, cfg.sampling.cohort_size)
-    scheme = make_scheme(cfg.sampling.scheme, data.population, cfg.sampling.cohort_size)
-    sampler = make_sampler(scheme, derive_seed(cfg.seed, "sampler-base"))
+    sampler = make_sampler(prep.scheme, derive_seed(cfg.seed, "sampler-base"))
 
     from fedsim.protocol import Task
 
@@ -276,6 +295,9 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         "noise_multiplier": spec.noise_multiplier,
         "mechanism": spec.mechanism,
         "scheme": spec.scheme,
+        "sensitivity": noise.sensitivity,
+        "sensitivity_exact": True if prep.plan is None else prep.plan.sens_exact,
+        "factorization": None if prep.plan is None else prep.plan.describe(),
         "accountant": spec.effective_accountant,
         "cohort_size": spec.cohort_size,
         "rounds_completed": server.round,

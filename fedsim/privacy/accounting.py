@@ -18,6 +18,11 @@ mechanism      scheme        event of one round
 ``gaussian``   ``fixed``     ``SampledWithoutReplacementDpEvent(N, K,
                              GaussianDpEvent(z/2))``; RDP; replace-one adjacency
 ``none``       any           ``NonPrivateDpEvent`` (ε = ∞)
+MF (any of     ``single``,   the whole run is one ``GaussianDpEvent(z)`` (sensitivity 1:
+``identity``,  ``epochs``,   ``sens(C)`` is inside the noise); ε does not grow with
+``tree``, …)   ``min_sep``   rounds, and the ledger reports the full-run ε from round 1
+MF, amplified  ``min_sep``   ``⌈t/b⌉``-fold ``PoissonSampledDpEvent(p, GaussianDpEvent(z))``
+(≤ b bands)    + thinning    after ``t`` rounds (Choquette-Choo et al. 2023)
 =============  ============  ======================================================
 """
 
@@ -33,6 +38,11 @@ from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from fedsim.errors import FedsimError
+
+#: Matrix-factorization mechanisms (correlated noise ``C⁻¹Z``).
+MF_MECHANISMS = ("identity", "tree", "sqrt", "dense", "dpmf_plus", "banded", "blt")
+#: Schemes whose participation is bounded, as MF accounting needs.
+MF_SCHEMES = ("single", "epochs", "min_sep")
 
 #: PLD discretization (dp-accounting's PLDAccountant default).
 PLD_DISCRETIZATION = 1e-4
@@ -56,6 +66,9 @@ class AccountingSpec:
     noise_multiplier : ``z`` (ignored for ``none``).
     delta : target δ.
     accountant : ``pld`` | ``rdp`` (``fixed`` always uses ``rdp``).
+    min_sep : ``b`` of a group scheme (amplified banded MF composes ``⌈t/b⌉`` times).
+    amplified : Poisson thinning inside ``min_sep`` groups with a ≤ ``b``-banded ``C``;
+        ``sampling_rate`` is then ``p = K̄/⌊N/b⌋``.
     """
 
     mechanism: str
@@ -65,9 +78,34 @@ class AccountingSpec:
     noise_multiplier: float
     delta: float
     accountant: str = "pld"
+    min_sep: int = 1
+    amplified: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mechanism in MF_MECHANISMS and self.scheme not in MF_SCHEMES:
+            raise FedsimError(
+                f"privacy.mechanism = '{self.mechanism}' (matrix factorization) needs a bounded "
+                f"participation scheme: set sampling.scheme to one of {', '.join(MF_SCHEMES)}"
+            )
+        if self.mechanism == "gaussian" and self.scheme not in ("poisson", "fixed"):
+            raise FedsimError(
+                f"privacy.mechanism = 'gaussian' is amplified by sampling and needs sampling.scheme = "
+                f"'poisson' or 'fixed'; with '{self.scheme}' use privacy.mechanism = 'identity' "
+                f"(independent noise, no amplification)"
+            )
+        if self.amplified and not (self.mechanism in MF_MECHANISMS and self.scheme == "min_sep"):
+            raise FedsimError("amplified MF accounting needs sampling.scheme = 'min_sep' with an MF mechanism")
+
+    @property
+    def is_mf(self) -> bool:
+        return self.mechanism in MF_MECHANISMS
 
     @property
     def sampling_rate(self) -> float:
+        if self.amplified:
+            return self.cohort_size / (self.population // self.min_sep)
+        if self.scheme in ("epochs", "min_sep"):
+            return 1.0
         return self.cohort_size / self.population
 
     @property
@@ -88,11 +126,14 @@ class AccountingSpec:
         return 2.0 if self.neighboring_relation == "replace_one" else 1.0
 
     def round_event(self) -> dp_event.DpEvent:
-        """The DP event of one round."""
+        """The DP event that is self-composed (see :meth:`compositions`)."""
         if self.mechanism == "none":
             return dp_event.NonPrivateDpEvent()
+        if self.is_mf:
+            g = dp_event.GaussianDpEvent(self.noise_multiplier)
+            return dp_event.PoissonSampledDpEvent(self.sampling_rate, g) if self.amplified else g
         if self.mechanism != "gaussian":
-            raise FedsimError(f"privacy.mechanism = {self.mechanism!r} has no accountant yet")
+            raise FedsimError(f"privacy.mechanism = {self.mechanism!r} has no accountant")
         if self.scheme == "poisson":
             g = dp_event.GaussianDpEvent(self.noise_multiplier / self.sensitivity_in_c)
             return dp_event.PoissonSampledDpEvent(self.sampling_rate, g)
@@ -101,9 +142,25 @@ class AccountingSpec:
             return dp_event.SampledWithoutReplacementDpEvent(self.population, self.cohort_size, g)
         raise FedsimError(f"sampling.scheme = {self.scheme!r} has no accountant yet")
 
+    def compositions(self, rounds: int) -> int:
+        """How many times :meth:`round_event` is composed after ``rounds`` rounds."""
+        if self.is_mf:
+            return -(-rounds // self.min_sep) if self.amplified else 1
+        return rounds
+
     def run_event(self, rounds: int) -> dp_event.DpEvent:
         """The DP event of ``rounds`` rounds."""
-        return dp_event.SelfComposedDpEvent(self.round_event(), rounds)
+        return dp_event.SelfComposedDpEvent(self.round_event(), self.compositions(rounds))
+
+    def describe_events(self) -> str:
+        """Human-readable account of how ε is computed."""
+        if self.mechanism == "none":
+            return "NonPrivateDpEvent (no noise: epsilon = inf)"
+        if self.is_mf and not self.amplified:
+            return (f"{self.round_event()} once for the whole run (matrix factorization: "
+                    f"sens(C) is inside the noise)")
+        return f"SelfComposedDpEvent({self.round_event()}, count) with count = {self.compositions(1)} per " + (
+            f"{self.min_sep} rounds" if self.amplified else "round")
 
     def make_accountant(self) -> dp_accounting.PrivacyAccountant:
         """A fresh dp-accounting accountant of the right kind and adjacency."""
@@ -143,7 +200,9 @@ class EpsilonCurve:
     def __init__(self, spec: AccountingSpec) -> None:
         self.spec = spec
         self._pld = None
-        if spec.mechanism == "gaussian" and spec.effective_accountant == "pld":
+        self._cache: dict[int, float] = {}
+        poisson_like = (spec.mechanism == "gaussian" and spec.scheme == "poisson") or spec.amplified
+        if poisson_like and spec.effective_accountant == "pld":
             self._pld = pld_lib.from_gaussian_mechanism(
                 standard_deviation=spec.noise_multiplier,
                 sampling_prob=spec.sampling_rate,
@@ -153,9 +212,13 @@ class EpsilonCurve:
     def __call__(self, rounds: int) -> float:
         if rounds <= 0:
             return 0.0
-        if self._pld is None:
-            return epsilon(self.spec, rounds)
-        return float(self._pld.self_compose(rounds).get_epsilon_for_delta(self.spec.delta))
+        count = self.spec.compositions(rounds)
+        if count not in self._cache:
+            if self._pld is None:
+                self._cache[count] = epsilon(self.spec, rounds)
+            else:
+                self._cache[count] = float(self._pld.self_compose(count).get_epsilon_for_delta(self.spec.delta))
+        return self._cache[count]
 
 
 def calibrate_noise_multiplier(spec: AccountingSpec, rounds: int, target_epsilon: float) -> float:

@@ -60,8 +60,8 @@ class Ledger:
             "format": "fedsim.ledger/1",
             "spec": self.spec.to_dict(),
             "planned_rounds": self.planned_rounds,
-            "dp_event_per_round": str(self.spec.round_event()),
-            "composition": "SelfComposedDpEvent(round event, t) after round t",
+            "dp_event": str(self.spec.round_event()),
+            "composition": self.spec.describe_events(),
             "entries": [dict(e, epsilon=_json_float(e["epsilon"])) for e in self.entries],
         }
 

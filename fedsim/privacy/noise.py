@@ -86,6 +86,123 @@ class ZeroNoise(NoiseMechanism):
         return 0.0
 
 
+def _xi(seed: int, j: int, dim: int, device: torch.device) -> torch.Tensor:
+    """``ξ_j ~ N(0, I_d)``: the standard normal row ``j`` of ``Z``, a pure function of (seed, j)."""
+    g = make_generator(seed, "noise", int(j), device=device)
+    return torch.randn(dim, generator=g, device=device, dtype=torch.float32)
+
+
+class MatrixNoise(NoiseMechanism):
+    """Correlated noise ``n_t = (M·Z)_t = Σ_j M[t, j] ξ_j`` for a noising matrix ``M``.
+
+    ``M = C⁻¹`` for a square strategy ``C`` (``A⁻¹B`` in general, e.g. for the tree).
+    ``ξ_j`` is regenerated from its per-row seed when needed (``O(t·d)`` work at round
+    ``t``, ``O(d)`` memory), or kept in memory when all ``m`` rows fit in
+    ``memory_budget`` bytes — either way the same numbers, bit for bit.
+
+    Parameters
+    ----------
+    dim, seed, device : as for :class:`NoiseMechanism`.
+    noising : ``M`` (``n × m``, float64).
+    sens : ``sens(C)`` under the run's scheme.
+    label : mechanism name for messages and checkpoints.
+    memory_budget : bytes allowed for keeping ``ξ`` rows in memory (default 1 GiB).
+    """
+
+    def __init__(self, dim: int, seed: int, device: str | torch.device, noising, sens: float,
+                 label: str = "matrix", memory_budget: int = 1 << 30) -> None:
+        super().__init__(dim, seed, device)
+        import numpy as np
+
+        self.name = label
+        self.noising = np.asarray(noising, dtype=np.float64)
+        self._sens = float(sens)
+        self._keep = self.noising.shape[1] * dim * 4 <= memory_budget
+        self._store: dict[int, torch.Tensor] = {}
+
+    @property
+    def sensitivity(self) -> float:
+        return self._sens
+
+    def _row_xi(self, j: int) -> torch.Tensor:
+        if not self._keep:
+            return _xi(self.seed, j, self.dim, self.device)
+        if j not in self._store:
+            self._store[j] = _xi(self.seed, j, self.dim, self.device)
+        return self._store[j]
+
+    def row(self, t: int) -> torch.Tensor:
+        coeffs = self.noising[int(t)]
+        out = torch.zeros(self.dim, dtype=torch.float64, device=self.device)
+        for j in coeffs.nonzero()[0].tolist():
+            out.add_(self._row_xi(j).to(torch.float64), alpha=float(coeffs[j]))
+        return out.to(torch.float32)
+
+    def row_variance(self, t: int) -> float:
+        return float((self.noising[int(t)] ** 2).sum())
+
+
+class BandedNoise(NoiseMechanism):
+    """Streaming noise of a banded lower-triangular ``C`` (``b`` bands), keeping only the
+    last ``b − 1`` noise rows: ``n_t = (ξ_t − Σ_{j=1..b−1} C[t, t−j] n_{t−j}) / C[t, t]``.
+
+    Rows must be drawn in order ``t = 0, 1, …`` (a resumed run restores the buffer
+    from :meth:`state_dict`).
+    """
+
+    def __init__(self, dim: int, seed: int, device: str | torch.device, C, sens: float,
+                 label: str = "banded") -> None:
+        super().__init__(dim, seed, device)
+        import numpy as np
+
+        self.name = label
+        self.C = np.asarray(C, dtype=np.float64)
+        from fedsim.privacy.sensitivity import num_bands
+
+        self.bands = num_bands(self.C)
+        self._sens = float(sens)
+        self.next_t = 0
+        self.buffer: list[torch.Tensor] = []  # n_{t-1}, n_{t-2}, … (most recent first)
+
+    @property
+    def sensitivity(self) -> float:
+        return self._sens
+
+    def row(self, t: int) -> torch.Tensor:
+        if t != self.next_t:
+            raise RuntimeError(f"banded noise is streamed in order: expected round {self.next_t}, got {t}")
+        acc = _xi(self.seed, t, self.dim, self.device).to(torch.float64)
+        for j, prev in enumerate(self.buffer, start=1):
+            coef = self.C[t, t - j]
+            if coef != 0.0:
+                acc.add_(prev, alpha=-float(coef))
+        acc.div_(float(self.C[t, t]))
+        out = acc.to(torch.float32)
+        self.buffer.insert(0, out)  # float32: memory (b − 1)·d floats, plus the round's ξ and sum
+        del self.buffer[self.bands - 1:]
+        self.next_t += 1
+        return out
+
+    def row_variance(self, t: int) -> float:
+        import numpy as np
+        from scipy.linalg import solve_triangular
+
+        e = np.zeros(self.C.shape[0])
+        e[int(t)] = 1.0
+        # row t of C⁻¹ = e_tᵀ C⁻¹ = solve(Cᵀ, e_t)ᵀ
+        return float((solve_triangular(self.C, e, trans="T", lower=True) ** 2).sum())
+
+    def state_dict(self) -> dict[str, Any]:
+        d = super().state_dict()
+        d.update(next_t=self.next_t, buffer=[b.clone().cpu() for b in self.buffer])
+        return d
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.next_t = int(state["next_t"])
+        self.buffer = [b.to(self.device) for b in state["buffer"]]
+
+
 def make_noise_mechanism(name: str, dim: int, seed: int, device: str | torch.device = "cpu") -> NoiseMechanism:
     """The mechanism called ``name`` (``none`` | ``gaussian``)."""
     mechanisms: dict[str, type[NoiseMechanism]] = {"none": ZeroNoise, "gaussian": GaussianNoise}
