@@ -44,13 +44,28 @@ def _offline_env() -> None:
 @app.command()
 def run(config: ConfigArg = None, set_: SetOpt = None,
         out: Annotated[Optional[Path], typer.Option("--out", help="Run folder (default runs/<timestamp>-<name>).")] = None,
+        resume: Annotated[Optional[Path], typer.Option(
+            "--resume", help="Continue the run in this folder from its checkpoint (bit-identical).")] = None,
+        force: Annotated[Optional[list[str]], typer.Option(
+            "--force", help="With --resume: a key that may differ from the run's config (sim.*, "
+                            "checkpoint.*, eval.every only; repeatable).")] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress line.")] = False) -> None:
     """Train an experiment in Flower's simulation engine on Ray and write its run folder."""
     _offline_env()
-    cfg = load_config(config, set_ or [])
-    from fedsim.simulation import run_experiment
+    from fedsim.simulation import check_resume_config, run_experiment
 
-    summary = run_experiment(cfg, out, progress=not quiet)
+    if resume is not None:
+        if out is not None:
+            raise FedsimError("--resume DIR writes into DIR; drop --out")
+        stored = load_config(resume / "config.toml")
+        cfg = load_config(config if config is not None else resume / "config.toml", set_ or [])
+        check_resume_config(stored, cfg, force or [])
+        summary = run_experiment(cfg, resume, progress=not quiet, resume=True)
+    else:
+        if force:
+            raise FedsimError("--force applies only with --resume")
+        cfg = load_config(config, set_ or [])
+        summary = run_experiment(cfg, out, progress=not quiet)
     acc = summary["final_eval_accuracy"]
     eps = summary["epsilon"]
     typer.echo(
@@ -130,6 +145,65 @@ def report(run_dirs: Annotated[list[Path], typer.Argument(help="Run folders.")],
                                 for k, v in r.items()} for r in rows]))
     else:
         typer.echo(format_table(rows))
+
+
+@app.command()
+def factorize(
+    mechanism: Annotated[str, typer.Option(help="identity | tree | sqrt | dense | dpmf_plus | banded | blt")],
+    rounds: Annotated[int, typer.Option(help="n, the number of rounds.")],
+    workload: Annotated[str, typer.Option(help="prefix | momentum")] = "prefix",
+    momentum: Annotated[float, typer.Option(help="β of the momentum workload.")] = 0.9,
+    bands: Annotated[Optional[int], typer.Option(help="banded: number of bands (default min-sep).")] = None,
+    buffers: Annotated[int, typer.Option(help="blt: number of buffers.")] = 4,
+    tau: Annotated[Optional[int], typer.Option(help="dpmf_plus: τ (default n).")] = None,
+    scheme: Annotated[str, typer.Option(help="single | epochs | min_sep")] = "single",
+    min_sep: Annotated[Optional[int], typer.Option("--min-sep", help="b (epochs, min_sep).")] = None,
+    max_participations: Annotated[Optional[int], typer.Option(help="k (epochs, min_sep).")] = None,
+    objective: Annotated[str, typer.Option(help="total (loss) | max (max_error)")] = "total",
+    tree_estimator: Annotated[str, typer.Option(help="tree: online | full")] = "online",
+    out: Annotated[Optional[Path], typer.Option(help="Write C, the noising matrix and A to this .npz.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Compute a factorization and print its sensitivity and errors (units of (c·z)²)."""
+    import time
+
+    import numpy as np
+
+    from fedsim.privacy.accounting import MF_MECHANISMS
+    from fedsim.privacy.mechanisms import factorization_quality, plan_mf, workload_matrix
+    from fedsim.privacy.participation import make_scheme
+
+    if mechanism not in MF_MECHANISMS:
+        raise FedsimError(f"--mechanism {mechanism!r}: allowed are {', '.join(MF_MECHANISMS)}")
+    if workload not in ("prefix", "momentum") or objective not in ("total", "max") \
+            or tree_estimator not in ("online", "full"):
+        raise FedsimError("--workload must be prefix|momentum, --objective total|max, "
+                          "--tree-estimator online|full")
+    if rounds < 1:
+        raise FedsimError("--rounds must be ≥ 1")
+    if scheme not in ("single", "epochs", "min_sep"):
+        raise FedsimError(f"--scheme {scheme!r}: allowed are single, epochs, min_sep")
+    b = min_sep if min_sep is not None else rounds
+    if scheme == "single":
+        part = make_scheme("single", rounds, 1, rounds=rounds)
+    else:
+        part = make_scheme(scheme, b, 1, min_sep=b, max_participations=max_participations, rounds=rounds)
+    t0 = time.perf_counter()
+    plan = plan_mf(mechanism, part, rounds, workload=workload, momentum=momentum, bands=bands,
+                   buffers=buffers, tau=tau, objective=objective, tree_estimator=tree_estimator)
+    seconds = time.perf_counter() - t0
+    A = workload_matrix(workload, rounds, momentum)
+    q = factorization_quality(plan, A)
+    result = {"mechanism": mechanism, "rounds": rounds, "scheme": scheme,
+              "max_participations": part.max_participations or 1, "min_sep": part.min_separation,
+              "sensitivity": plan.sens, "sensitivity_exact": plan.sens_exact, **q,
+              "seconds": seconds, "iterations": plan.info.get("iterations")}
+    if out is not None:
+        np.savez(out, C=plan.C, noising=plan.noising, A=A)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        typer.echo(json.dumps(result, indent=1))
 
 
 @app.command()

@@ -168,8 +168,45 @@ def _quiet_flower() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
+#: Config sections/keys that may change on ``--resume --force``; nothing privacy-relevant.
+RESUME_MUTABLE_PREFIXES = ("sim.", "checkpoint.", "eval.every")
+
+
+def check_resume_config(stored: Config, requested: Config, force: list[str]) -> None:
+    """Refuse a resume whose config differs from the run's, except keys named in ``force``
+    that are not privacy-relevant (only ``sim.*``, ``checkpoint.*``, ``eval.every``)."""
+    def flat(d: dict, prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            key = f"{prefix}{k}"
+            out.update(flat(v, key + ".") if isinstance(v, dict) else {key: v})
+        return out
+
+    a, b = flat(stored.model_dump(mode="json")), flat(requested.model_dump(mode="json"))
+    changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not
+                     (k == "privacy.delta" and b.get(k) is None))
+    for key in changed:
+        if key not in force:
+            raise FedsimError(f"--resume: {key} differs from the run's config.toml "
+                              f"({a.get(key)!r} → {b.get(key)!r}); pass --force {key} to allow it "
+                              f"(only {', '.join(RESUME_MUTABLE_PREFIXES)} may change)")
+        if not key.startswith(RESUME_MUTABLE_PREFIXES):
+            raise FedsimError(f"--resume: {key} cannot change on resume (it affects privacy or the "
+                              f"training trajectory); start a new run instead")
+
+
+def _truncate_lines(path: Path, keep: int) -> list[dict[str, Any]]:
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()] if path.exists() else []
+    if len(lines) < keep:
+        raise FedsimError(f"{path} has {len(lines)} rows but the checkpoint is after round {keep}")
+    tmp = path.with_name(".metrics.jsonl.tmp")
+    tmp.write_text("".join(ln + "\n" for ln in lines[:keep]), encoding="utf-8")
+    os.replace(tmp, path)
+    return [json.loads(ln) for ln in lines[:keep]]
+
+
 def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: bool = True,
-                   client_app: Any = None) -> dict[str, Any]:
+                   client_app: Any = None, resume: bool = False) -> dict[str, Any]:
     """Run ``cfg`` in Flower's simulation engine on Ray and write the run folder.
 
     Parameters
@@ -179,6 +216,10 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     progress : print the header and the live progress line.
     client_app : the Flower ClientApp to run (default ``clients.client_app.app``; tests
         pass a fault-injecting one).
+    resume : continue the run in ``out_dir`` from its checkpoint (the caller has checked
+        the config with :func:`check_resume_config`). Rows of ``metrics.jsonl`` after the
+        checkpoint are discarded and recomputed; the result is bit-identical to an
+        uninterrupted run.
 
     Returns the summary dict (also written to ``summary.json``).
     """
@@ -186,8 +227,12 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     prep = prepare(cfg)
     data, spec = prep.data, prep.spec
     out = Path(out_dir) if out_dir is not None else default_run_dir(cfg)
-    if (out / "metrics.jsonl").exists():
-        raise FedsimError(f"run folder {out} already holds a run; choose another --out")
+    if resume:
+        from fedsim.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(out / "checkpoint")
+    elif (out / "metrics.jsonl").exists():
+        raise FedsimError(f"run folder {out} already holds a run; choose another --out or --resume it")
     out.mkdir(parents=True, exist_ok=True)
 
     resolved = cfg.model_copy(deep=True)
@@ -221,9 +266,20 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     eval_costs = np.array([min(data.num_test(u), cfg.eval.max_examples_per_user) for u in range(pop)])
     _, baseline = data.majority_baseline(eval_users, cfg.eval.max_examples_per_user)
 
+    state: dict[str, Any] = {"last_eval": None}
+    if resume:
+        server.load_state_dict(ckpt["server"])
+        sampler.load_state_dict(ckpt["sampler"])
+        done = int(ckpt["metrics_rows"])
+        if done != server.round:
+            raise FedsimError(f"checkpoint in {out} is inconsistent (rows {done}, round {server.round})")
+        if done >= cfg.rounds:
+            raise FedsimError(f"the run in {out} is already complete ({done} of {cfg.rounds} rounds)")
+        for row in _truncate_lines(out / "metrics.jsonl", done):
+            if row.get("eval_accuracy") is not None:
+                state["last_eval"] = row["eval_accuracy"]
     writer = MetricsWriter(out / "metrics.jsonl")
     line = ProgressLine(cfg.rounds, enabled=progress)
-    state: dict[str, Any] = {"last_eval": None}
 
     def write_ledger() -> None:
         tmp = out / ".ledger.json.tmp"

@@ -108,6 +108,7 @@ class UserLevelDPStrategy(Strategy):
         losses: list[float] = []
         examples = 0
         clipped = 0
+        valid: list[tuple[list[int], Any, Any]] = []
         for msg in replies:
             node = msg.metadata.src_node_id
             users = self._assigned.get(node)
@@ -123,7 +124,11 @@ class UserLevelDPStrategy(Strategy):
             if reported is None or [int(u) for u in reported] != users:
                 agg.drop("unexpected_users", len(users))
                 continue
-            if agg.add(self._extract_update(msg), len(users)) is None:
+            valid.append((users, self._extract_update(msg), metrics))
+        # Sum in a canonical order (by assigned users), not arrival order: float32 addition
+        # is not associative, and runs (and resumed runs) must be bit-identical.
+        for users, update, metrics in sorted(valid, key=lambda v: v[0]):
+            if agg.add(update, len(users)) is None:
                 losses.extend(float(v) for v in metrics.get("user_loss", []))
                 examples += int(sum(metrics.get("user_examples", [])))
                 clipped += int(metrics.get("num_clipped", 0))
@@ -176,14 +181,15 @@ class UserLevelDPStrategy(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         loss_sum, correct, count, failed = 0.0, 0, 0, 0
+        parts = []
         for msg in replies:
-            if msg.has_error() or msg.metadata.src_node_id not in self._eval_assigned:
+            node = msg.metadata.src_node_id
+            m = None if msg.has_error() else msg.content.metric_records.get(protocol.METRICS)
+            if node not in self._eval_assigned or m is None:
                 failed += 1
                 continue
-            m = msg.content.metric_records.get(protocol.METRICS)
-            if m is None:
-                failed += 1
-                continue
+            parts.append((self._eval_assigned[node], m))
+        for _, m in sorted(parts, key=lambda p: p[0]):  # canonical order (bit-identical runs)
             loss_sum += float(m["loss_sum"])
             correct += int(m["correct"])
             count += int(m["count"])

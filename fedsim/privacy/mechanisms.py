@@ -129,3 +129,14 @@ def make_noise(mechanism: str, dim: int, seed: int, device: str | torch.device,
     if square and mechanism in ("banded", "identity"):
         return BandedNoise(dim, seed, device, plan.C, plan.sens, label=mechanism)
     return MatrixNoise(dim, seed, device, plan.noising, plan.sens, label=mechanism)
+
+
+def factorization_quality(plan: MFPlan, A: np.ndarray) -> dict[str, float]:
+    """``loss``, ``max_error``, ``final_error`` of ALGORITHMS.md §3, in units of ``(c·z)²``:
+    ``sens²·‖B‖_F²``, ``sens²·max_t‖B[t,:]‖²``, ``sens²·‖B[n−1,:]‖²`` with ``B = A·M``
+    (``M = A⁻¹B``, the noising matrix)."""
+    B = A @ plan.noising
+    rows = (B * B).sum(axis=1)
+    s2 = plan.sens**2
+    return {"loss": float(s2 * rows.sum()), "max_error": float(s2 * rows.max()),
+            "final_error": float(s2 * rows[-1])}
