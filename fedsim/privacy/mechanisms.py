@@ -62,7 +62,8 @@ def _strategy(mechanism: str, A: np.ndarray, scheme: ParticipationScheme, *, ban
     if mechanism in ("identity", "tree", "sqrt", "dense", "dpmf_plus"):
         from fedsim.privacy.factorizations import make_factorization
 
-        f = make_factorization(mechanism, A, tau=tau, estimator=tree_estimator)
+        f = make_factorization(mechanism, A, tau=tau if mechanism == "dpmf_plus" else None,
+                               estimator=tree_estimator)
         return f.C, f.noising_matrix(), dict(f.info)
     if mechanism == "banded":
         from fedsim.privacy.banded import optimize_banded
