@@ -181,6 +181,9 @@ def test_banded_stream_equals_dense_inverse():
     got = np.stack([noise.row(t).double().numpy() for t in range(n)])
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     assert len(noise.buffer) == b - 1
+    Cinv = np.linalg.inv(C)
+    for t in range(n):
+        assert noise.row_variance(t) == pytest.approx(float((Cinv[t] ** 2).sum()), rel=1e-10)
 
 
 def test_matrix_noise_equals_dense_in_both_memory_modes():

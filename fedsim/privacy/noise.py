@@ -156,10 +156,15 @@ class BandedNoise(NoiseMechanism):
         import numpy as np
 
         self.name = label
-        self.C = np.asarray(C, dtype=np.float64)
+        C = np.asarray(C, dtype=np.float64)
         from fedsim.privacy.sensitivity import num_bands
 
-        self.bands = num_bands(self.C)
+        self.bands = num_bands(C)
+        n = C.shape[0]
+        # Only the band is kept: band[t, j] = C[t, t − j] for j < b (n·b floats, not n²).
+        self.band = np.zeros((n, self.bands))
+        for j in range(self.bands):
+            self.band[j:, j] = np.diagonal(C, offset=-j)
         self._sens = float(sens)
         self.next_t = 0
         self.buffer: list[torch.Tensor] = []  # n_{t-1}, n_{t-2}, … (most recent first)
@@ -173,10 +178,10 @@ class BandedNoise(NoiseMechanism):
             raise RuntimeError(f"banded noise is streamed in order: expected round {self.next_t}, got {t}")
         acc = _xi(self.seed, t, self.dim, self.device).to(torch.float64)
         for j, prev in enumerate(self.buffer, start=1):
-            coef = self.C[t, t - j]
+            coef = self.band[t, j]
             if coef != 0.0:
                 acc.add_(prev, alpha=-float(coef))
-        acc.div_(float(self.C[t, t]))
+        acc.div_(float(self.band[t, 0]))
         out = acc.to(torch.float32)
         self.buffer.insert(0, out)  # float32: memory (b − 1)·d floats, plus the round's ξ and sum
         del self.buffer[self.bands - 1:]
@@ -187,10 +192,15 @@ class BandedNoise(NoiseMechanism):
         import numpy as np
         from scipy.linalg import solve_triangular
 
-        e = np.zeros(self.C.shape[0])
-        e[int(t)] = 1.0
-        # row t of C⁻¹ = e_tᵀ C⁻¹ = solve(Cᵀ, e_t)ᵀ
-        return float((solve_triangular(self.C, e, trans="T", lower=True) ** 2).sum())
+        # row t of C⁻¹ = e_tᵀ C⁻¹ = solve(Cᵀ, e_t)ᵀ, using the leading (t+1)×(t+1) block
+        m = int(t) + 1
+        C = np.zeros((m, m))
+        for j in range(min(self.bands, m)):
+            idx = np.arange(j, m)
+            C[idx, idx - j] = self.band[j:m, j]
+        e = np.zeros(m)
+        e[-1] = 1.0
+        return float((solve_triangular(C, e, trans="T", lower=True) ** 2).sum())
 
     def state_dict(self) -> dict[str, Any]:
         d = super().state_dict()

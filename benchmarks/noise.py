@@ -1,0 +1,110 @@
+"""Streaming noise generation: per-round time and peak extra memory at d = 4,050,748.
+
+Measures fedsim's noise mechanisms (``fedsim.privacy.noise``) at rounds 1, 1024 and
+2048 of an ``n = 2048`` run, for the Stack Overflow LSTM size. Each (mechanism,
+round) runs in its own subprocess, and peak extra memory is that process's peak RSS
+minus its RSS after imports (``ru_maxrss``).
+
+Timing does not depend on the values of ``C``, so a fixed synthetic strategy is used
+for each family: a random ``b``-banded lower-triangular matrix for ``banded``, and
+the sqrt-Toeplitz ``C`` for the dense ``C⁻¹`` (seeded regeneration of ``ξ_j``). To
+reach round ``t`` of a streamed mechanism without drawing ``t`` rows first, the
+mechanism's state is set to the size it has at round ``t``.
+
+Usage::
+
+    OMP_NUM_THREADS=1 python benchmarks/noise.py --json [--quick]
+
+``--quick`` uses d = 405,075 (a tenth) and rounds 1 and 256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+D_FULL = 4_050_748
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def child(mechanism: str, d: int, t: int, n: int, bands: int) -> dict:
+    import numpy as np
+    import torch
+
+    from fedsim.privacy.noise import BandedNoise, GaussianNoise, MatrixNoise
+
+    torch.set_num_threads(1)
+    base = _rss_mb()
+    if mechanism == "identity":
+        noise = GaussianNoise(d, 0)
+    elif mechanism == "banded":
+        rng = np.random.default_rng(0)
+        C = np.tril(rng.uniform(-0.1, 0.1, (n, n)))
+        C[np.tril_indices(n, -bands)] = 0.0
+        C[np.diag_indices(n)] = 1.0
+        noise = BandedNoise(d, 0, "cpu", C, 1.0)
+        noise.next_t = t
+        noise.buffer = [torch.randn(d) for _ in range(min(t, bands - 1))]
+    elif mechanism == "dense":
+        from fedsim.privacy.factorizations import sqrt_toeplitz_coefficients
+        from scipy.linalg import solve_triangular, toeplitz
+
+        c = sqrt_toeplitz_coefficients(n)
+        C = np.tril(toeplitz(c))
+        M = solve_triangular(C, np.eye(n), lower=True)
+        noise = MatrixNoise(d, 0, "cpu", M, 1.0, label="dense", memory_budget=0)
+    else:
+        raise SystemExit(f"unknown mechanism {mechanism}")
+    ready = _rss_mb()
+    t0 = time.perf_counter()
+    row = noise.row(t)
+    seconds = time.perf_counter() - t0
+    assert row.shape == (d,)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"mechanism": mechanism, "d": d, "round": t + 1, "seconds": seconds,
+            "state_mb": ready - base, "peak_extra_mb": peak - base,
+            "peak_extra_in_d_floats": (peak - base) * 1024 * 1024 / (4 * d)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--bands", type=int, default=64)
+    ap.add_argument("--child", nargs=3, metavar=("MECH", "D", "T"))
+    args = ap.parse_args()
+    n = 2048
+    if args.child:
+        mech, d, t = args.child
+        print(json.dumps(child(mech, int(d), int(t), n, args.bands)))
+        return
+    d = D_FULL // 10 if args.quick else D_FULL
+    rounds = [0, 255] if args.quick else [0, 1023, 2047]
+    rows = []
+    for t in rounds:
+        for mech in ("identity", "banded", "dense"):
+            out = subprocess.run([sys.executable, __file__, "--bands", str(args.bands), "--child", mech, str(d), str(t)],
+                                 capture_output=True, text=True, check=True)
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            if not args.json:
+                print(rows[-1], flush=True)
+    by = {(r["mechanism"], r["round"]): r for r in rows}
+    for r in rows:
+        r["time_ratio_to_identity"] = r["seconds"] / by[("identity", r["round"])]["seconds"]
+    if args.json:
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
