@@ -7,7 +7,8 @@ minus its RSS after imports (``ru_maxrss``).
 
 Timing does not depend on the values of ``C``, so a fixed synthetic strategy is used
 for each family: a random ``b``-banded lower-triangular matrix for ``banded``, and
-the sqrt-Toeplitz ``C`` for the dense ``C⁻¹`` (seeded regeneration of ``ξ_j``). To
+the sqrt-Toeplitz ``C`` for the dense ``C⁻¹`` (seeded regeneration of ``ξ_j``), and a
+4-buffer BLT. To
 reach round ``t`` of a streamed mechanism without drawing ``t`` rows first, the
 mechanism's state is set to the size it has at round ``t``.
 
@@ -56,6 +57,15 @@ def child(mechanism: str, d: int, t: int, n: int, bands: int) -> dict:
         noise = BandedNoise(d, 0, "cpu", C, 1.0)
         noise.next_t = t
         noise.buffer = [torch.randn(d) for _ in range(min(t, bands - 1))]
+    elif mechanism == "blt":
+        import dataclasses
+
+        from fedsim.privacy.noise import BLTNoise
+
+        theta, omega = np.array([0.99, 0.9, 0.6, 0.2]), np.array([0.05, 0.1, 0.1, 0.1])
+        noise = BLTNoise(d, 0, "cpu", theta, omega, 1.0)
+        if t > 0:
+            noise.state = dataclasses.replace(noise.state, t=t, buffers=tuple(torch.randn(d) for _ in range(4)))
     elif mechanism == "dense":
         from fedsim.privacy.factorizations import sqrt_toeplitz_coefficients
         from scipy.linalg import solve_triangular, toeplitz
@@ -93,7 +103,7 @@ def main() -> None:
     rounds = [0, 255] if args.quick else [0, 1023, 2047]
     rows = []
     for t in rounds:
-        for mech in ("identity", "banded", "dense"):
+        for mech in ("identity", "banded", "blt", "dense"):
             out = subprocess.run([sys.executable, __file__, "--bands", str(args.bands), "--child", mech, str(d), str(t)],
                                  capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -262,3 +262,25 @@ def test_generators_are_independent_per_key():
     a = torch.randn(5, generator=make_generator(1, "noise", 0))
     b = torch.randn(5, generator=make_generator(1, "noise", 1))
     assert not torch.equal(a, b)
+
+
+def test_blt_noise_stream_equals_dense_and_resumes():
+    from scipy.linalg import toeplitz
+
+    from fedsim.privacy.blt import blt_coefficients
+    from fedsim.privacy.noise import BLTNoise
+
+    theta, omega = np.array([0.9, 0.5]), np.array([0.3, 0.2])
+    n, d = 12, 6
+    C = np.tril(toeplitz(blt_coefficients(theta, omega, n)))
+    ref = dense_reference(np.linalg.inv(C), 4, d)
+    a = BLTNoise(d, 4, "cpu", theta, omega, 1.0)
+    got = [a.row(t) for t in range(n)]
+    np.testing.assert_allclose(np.stack([g.double().numpy() for g in got]), ref, rtol=1e-5, atol=1e-5)
+    b = BLTNoise(d, 4, "cpu", theta, omega, 1.0)
+    for t in range(5):
+        b.row(t)
+    c = BLTNoise(d, 4, "cpu", theta, omega, 1.0)
+    c.load_state_dict(b.state_dict())
+    for t in range(5, n):
+        assert torch.equal(c.row(t), got[t])

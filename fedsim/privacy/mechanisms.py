@@ -16,7 +16,7 @@ import torch
 
 from fedsim.errors import FedsimError
 from fedsim.privacy.accounting import MF_MECHANISMS
-from fedsim.privacy.noise import BandedNoise, GaussianNoise, MatrixNoise, NoiseMechanism, ZeroNoise
+from fedsim.privacy.noise import BandedNoise, BLTNoise, GaussianNoise, MatrixNoise, NoiseMechanism, ZeroNoise
 from fedsim.privacy.participation import GroupScheme, ParticipationScheme
 from fedsim.privacy.sensitivity import num_bands, sensitivity
 
@@ -86,10 +86,11 @@ def _strategy(mechanism: str, A: np.ndarray, scheme: ParticipationScheme, *, ban
         theta, omega, info = optimize_blt(n, buffers, max_participations=k,
                                           min_sep=b if k > 1 else None, objective=objective)
         c = blt_coefficients(theta, omega, n)
-        from scipy.linalg import toeplitz
+        from scipy.linalg import solve_triangular, toeplitz
 
         C = np.tril(toeplitz(c))
-        return C, np.linalg.inv(C), dict(info)
+        info = dict(info, theta=theta, omega=omega)
+        return C, solve_triangular(C, np.eye(n), lower=True), info
     raise FedsimError(f"privacy.mechanism = {mechanism!r} is not a matrix-factorization mechanism")
 
 
@@ -111,6 +112,15 @@ def plan_mf(mechanism: str, scheme: ParticipationScheme, rounds: int, *, workloa
             )
         sens, exact = sensitivity(C, "single")
         info["sensitivity_note"] = "amplified: per-participation column norm; rounds composed ⌈n/b⌉ times"
+    elif mechanism == "blt" and scheme.name == "min_sep" and (scheme.max_participations or 1) > 1:
+        from fedsim.privacy.blt import blt_sensitivity_squared
+
+        # Exact for BLT with non-negative, non-increasing coefficients (checked inside;
+        # anything else is refused there): worst pattern starts at 0 with gaps of b.
+        sens = float(np.sqrt(blt_sensitivity_squared(info["theta"], info["omega"], rounds,
+                                                     max_participations=scheme.max_participations,
+                                                     min_sep=scheme.min_separation)))
+        exact = True
     else:
         sens, exact = sensitivity(C, scheme.name, k=scheme.max_participations or 1,
                                   b=scheme.min_separation or rounds)
@@ -129,6 +139,8 @@ def make_noise(mechanism: str, dim: int, seed: int, device: str | torch.device,
     square = plan.C.shape[0] == plan.C.shape[1]
     if square and mechanism in ("banded", "identity"):
         return BandedNoise(dim, seed, device, plan.C, plan.sens, label=mechanism)
+    if mechanism == "blt":
+        return BLTNoise(dim, seed, device, plan.info["theta"], plan.info["omega"], plan.sens)
     return MatrixNoise(dim, seed, device, plan.noising, plan.sens, label=mechanism)
 
 

@@ -167,26 +167,49 @@ class BandedNoise(NoiseMechanism):
             self.band[j:, j] = np.diagonal(C, offset=-j)
         self._sens = float(sens)
         self.next_t = 0
-        self.buffer: list[torch.Tensor] = []  # n_{t-1}, n_{t-2}, … (most recent first)
+        self._buf: torch.Tensor | None = None  # ring of the last b − 1 rows, float32 (b−1)×d
 
     @property
     def sensitivity(self) -> float:
         return self._sens
 
+    def _ring(self) -> torch.Tensor:
+        if self._buf is None:
+            self._buf = torch.zeros(max(self.bands - 1, 0), self.dim, dtype=torch.float32, device=self.device)
+        return self._buf
+
     def row(self, t: int) -> torch.Tensor:
         if t != self.next_t:
             raise RuntimeError(f"banded noise is streamed in order: expected round {self.next_t}, got {t}")
-        acc = _xi(self.seed, t, self.dim, self.device).to(torch.float64)
-        for j, prev in enumerate(self.buffer, start=1):
-            coef = self.band[t, j]
-            if coef != 0.0:
-                acc.add_(prev, alpha=-float(coef))
-        acc.div_(float(self.band[t, 0]))
-        out = acc.to(torch.float32)
-        self.buffer.insert(0, out)  # float32: memory (b − 1)·d floats, plus the round's ξ and sum
-        del self.buffer[self.bands - 1:]
+        xi = _xi(self.seed, t, self.dim, self.device)
+        nb = self.bands - 1
+        if nb > 0 and t > 0:
+            ring = self._ring()
+            # slot of n_{t−j} is (t − j) mod (b − 1); coefficient C[t, t−j]
+            coef = torch.zeros(nb, dtype=torch.float32, device=self.device)
+            for j in range(1, min(nb, t) + 1):
+                coef[(t - j) % nb] = float(self.band[t, j])
+            xi = xi - torch.mv(ring.t(), coef)  # one pass over the b − 1 stored rows
+        out = xi.div_(float(self.band[t, 0]))
+        if nb > 0:
+            self._ring()[t % nb].copy_(out)
         self.next_t += 1
-        return out
+        return out.clone()
+
+    @property
+    def buffer(self) -> list[torch.Tensor]:
+        """The stored rows ``n_{t−1}, n_{t−2}, …`` (most recent first)."""
+        nb = self.bands - 1
+        if nb == 0 or self._buf is None:
+            return []
+        return [self._buf[(self.next_t - j) % nb] for j in range(1, min(nb, self.next_t) + 1)]
+
+    @buffer.setter
+    def buffer(self, rows: list[torch.Tensor]) -> None:
+        nb = self.bands - 1
+        self._buf = None
+        for j, r in enumerate(rows, start=1):
+            self._ring()[(self.next_t - j) % nb].copy_(r)
 
     def row_variance(self, t: int) -> float:
         import numpy as np
@@ -204,13 +227,55 @@ class BandedNoise(NoiseMechanism):
 
     def state_dict(self) -> dict[str, Any]:
         d = super().state_dict()
-        d.update(next_t=self.next_t, buffer=[b.clone().cpu() for b in self.buffer])
+        d.update(next_t=self.next_t, buffer=[b.clone().cpu() for b in self.buffer])  # most recent first
         return d
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.next_t = int(state["next_t"])
-        self.buffer = [b.to(self.device) for b in state["buffer"]]
+        self.buffer = [b.to(self.device) for b in state["buffer"]]  # after next_t: slots depend on it
+
+
+class BLTNoise(NoiseMechanism):
+    """Streaming noise of a buffered-linear-Toeplitz ``C = BLT(θ, ω)`` with ``m`` buffers of
+    size ``d`` (:func:`fedsim.privacy.blt.blt_stream_step`). Rows are drawn in order."""
+
+    def __init__(self, dim: int, seed: int, device: str | torch.device, theta, omega, sens: float,
+                 label: str = "blt") -> None:
+        super().__init__(dim, seed, device)
+        from fedsim.privacy.blt import blt_stream_init
+
+        self.name = label
+        self._sens = float(sens)
+        self.theta, self.omega = theta, omega
+        self.state = blt_stream_init(theta, omega)
+
+    @property
+    def sensitivity(self) -> float:
+        return self._sens
+
+    def row(self, t: int) -> torch.Tensor:
+        from fedsim.privacy.blt import blt_stream_step
+
+        if t != self.state.t:
+            raise RuntimeError(f"BLT noise is streamed in order: expected round {self.state.t}, got {t}")
+        noise, self.state = blt_stream_step(self.state, _xi(self.seed, t, self.dim, self.device))
+        return noise.to(torch.float32)
+
+    def state_dict(self) -> dict[str, Any]:
+        d = super().state_dict()
+        bufs = None if self.state.buffers is None else [b.clone().cpu() for b in self.state.buffers]
+        d.update(t=self.state.t, buffers=bufs)
+        return d
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        import dataclasses
+
+        super().load_state_dict(state)
+        bufs = state["buffers"]
+        self.state = dataclasses.replace(
+            self.state, t=int(state["t"]),
+            buffers=None if bufs is None else tuple(b.to(self.device) for b in bufs))
 
 
 def make_noise_mechanism(name: str, dim: int, seed: int, device: str | torch.device = "cpu") -> NoiseMechanism:
