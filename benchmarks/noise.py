@@ -56,7 +56,8 @@ def child(mechanism: str, d: int, t: int, n: int, bands: int) -> dict:
         C[np.diag_indices(n)] = 1.0
         noise = BandedNoise(d, 0, "cpu", C, 1.0)
         noise.next_t = t
-        noise.buffer = [torch.randn(d) for _ in range(min(t, bands - 1))]
+        if t > 0:
+            noise._ring().normal_()  # state of round t: b − 1 stored rows (no temporaries)
     elif mechanism == "blt":
         import dataclasses
 
@@ -65,7 +66,8 @@ def child(mechanism: str, d: int, t: int, n: int, bands: int) -> dict:
         theta, omega = np.array([0.99, 0.9, 0.6, 0.2]), np.array([0.05, 0.1, 0.1, 0.1])
         noise = BLTNoise(d, 0, "cpu", theta, omega, 1.0)
         if t > 0:
-            noise.state = dataclasses.replace(noise.state, t=t, buffers=tuple(torch.randn(d) for _ in range(4)))
+            bufs = tuple(torch.empty(d).normal_() for _ in range(4))
+            noise.state = dataclasses.replace(noise.state, t=t, buffers=bufs)
     elif mechanism == "dense":
         from fedsim.privacy.factorizations import sqrt_toeplitz_coefficients
         from scipy.linalg import solve_triangular, toeplitz

@@ -189,12 +189,12 @@ class BandedNoise(NoiseMechanism):
             coef = torch.zeros(nb, dtype=torch.float32, device=self.device)
             for j in range(1, min(nb, t) + 1):
                 coef[(t - j) % nb] = float(self.band[t, j])
-            xi = xi - torch.mv(ring.t(), coef)  # one pass over the b − 1 stored rows
+            xi.sub_(torch.mv(ring.t(), coef))  # one pass over the b − 1 stored rows
         out = xi.div_(float(self.band[t, 0]))
         if nb > 0:
             self._ring()[t % nb].copy_(out)
         self.next_t += 1
-        return out.clone()
+        return out
 
     @property
     def buffer(self) -> list[torch.Tensor]:
@@ -255,12 +255,23 @@ class BLTNoise(NoiseMechanism):
         return self._sens
 
     def row(self, t: int) -> torch.Tensor:
-        from fedsim.privacy.blt import blt_stream_step
+        """``n_t = ξ_t − Σ_j ω_j s_j``, then ``s_j ← θ_j s_j + n_t`` — in place, so memory is
+        the ``m`` buffers plus ``ξ_t`` (same recursion as :func:`fedsim.privacy.blt.blt_stream_step`)."""
+        import dataclasses
 
         if t != self.state.t:
             raise RuntimeError(f"BLT noise is streamed in order: expected round {self.state.t}, got {t}")
-        noise, self.state = blt_stream_step(self.state, _xi(self.seed, t, self.dim, self.device))
-        return noise.to(torch.float32)
+        noise = _xi(self.seed, t, self.dim, self.device)
+        bufs = self.state.buffers
+        if bufs is None:
+            bufs = tuple(noise.clone() for _ in range(len(self.state.theta)))
+        else:
+            for w, s in zip(self.state.omega.tolist(), bufs):
+                noise.sub_(s, alpha=float(w))
+            for th, s in zip(self.state.theta.tolist(), bufs):
+                s.mul_(float(th)).add_(noise)
+        self.state = dataclasses.replace(self.state, t=t + 1, buffers=bufs)
+        return noise
 
     def state_dict(self) -> dict[str, Any]:
         d = super().state_dict()
