@@ -119,3 +119,28 @@ def test_hostile_clients_are_dropped_or_reclipped(tmp_path):
     bound = sum(r["accepted_updates"] for r in rows) * cfg.client.clip_norm / cfg.sampling.cohort_size
     assert float(torch.linalg.vector_norm((x - x0).double())) <= bound * (1 + 1e-6)
     assert torch.isfinite(x).all()
+
+
+def test_client_exceptions_and_wrong_user_claims_are_dropped(tmp_path):
+    """An exception inside one node's ClientApp and a reply that claims other users than
+    the ones assigned: both dropped and counted; the round completes; ε is unaffected."""
+    from clients.faults import make_faulty_client_app
+    from fedsim.simulation import run_experiment
+
+    cfg = load_config(None, [b for b in BASE if not b.startswith("sim.")] + [
+        "sampling.scheme='fixed'", "sampling.cohort_size=12", "privacy.noise_multiplier=1.0",
+        "sim.num_workers=4", "sim.client_cpus=0.5", "rounds=2", "eval.every=0",
+    ])
+    out = tmp_path / "faults"
+    run_experiment(cfg, out, progress=False, client_app=make_faulty_client_app({0: "error", 1: "users"}))
+    rows = _rows(out)
+    assert len(rows) == 2
+    for r in rows:
+        assert r["drop_reasons"]["client_error"] == 1
+        assert r["drop_reasons"]["unexpected_users"] == 1
+        assert r["dropped_updates"] == 6 and r["accepted_updates"] == 6
+    from fedsim.privacy.accounting import epsilon
+    from fedsim.simulation import resolve_privacy
+
+    spec = resolve_privacy(cfg, 30)
+    assert rows[-1]["epsilon"] == pytest.approx(epsilon(spec, 2), rel=1e-9)
