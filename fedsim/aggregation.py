@@ -18,7 +18,7 @@ import torch
 from fedsim.privacy.clipping import clip_vector
 
 #: Drop reasons counted in ``metrics.jsonl``.
-DROP_REASONS = ("client_error", "missing", "dtype", "shape", "nonfinite", "unexpected_users")
+DROP_REASONS = ("client_error", "missing", "dtype", "shape", "nonfinite", "unexpected_users", "stale")
 
 
 class UpdateAggregator:
@@ -40,6 +40,7 @@ class UpdateAggregator:
     def reset(self) -> None:
         self.total = torch.zeros(self.dim, dtype=torch.float32, device=self.device)
         self.accepted_users = 0
+        self.accepted_replies = 0
         self.dropped_users = 0
         self.dropped_replies = 0
         self.server_clipped = 0
@@ -64,6 +65,7 @@ class UpdateAggregator:
             self.server_clipped += 1
         self.total.add_(v)
         self.accepted_users += int(users)
+        self.accepted_replies += 1
         return None
 
     def _check(self, update: Any) -> str | None:

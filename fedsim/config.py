@@ -224,6 +224,7 @@ class SimConfig(_Section):
     client_gpus: float = Field(default=0.0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     round_timeout: float = Field(default=3600.0, gt=0)
+    min_valid_replies: int = Field(default=1, ge=0)
 
 
 class CheckpointConfig(_Section):

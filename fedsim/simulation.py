@@ -311,7 +311,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         server=server, sampler=sampler, task_json=task.to_json(), train_costs=train_costs,
         rounds=cfg.rounds, eval_users=eval_users, eval_costs=eval_costs, eval_every=cfg.eval.every,
         eval_max_examples=cfg.eval.max_examples_per_user, round_timeout=cfg.sim.round_timeout,
-        min_nodes=n_workers, on_round_end=on_round_end)
+        min_nodes=n_workers, min_valid_replies=cfg.sim.min_valid_replies, on_round_end=on_round_end)
 
     _quiet_flower()
     from flwr.simulation import run_simulation

@@ -22,6 +22,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fedsim import protocol
 from fedsim.aggregation import UpdateAggregator
+from fedsim.errors import FedsimError
 from fedsim.sampling import CohortSampler
 from fedsim.scheduling import assign_users
 from fedsim.server import DPServer
@@ -43,6 +44,8 @@ class UserLevelDPStrategy(Strategy):
     eval_max_examples : test samples per user in evaluation.
     round_timeout : seconds to wait for the replies of one round.
     min_nodes : wait until this many SuperNodes are connected before the first round.
+    min_valid_replies : fewer valid replies in a round stop the run (FedsimError) before the
+        noise is added; the last checkpoint stays valid, so the run can be resumed.
     on_round_end : called with (metrics row, strategy) after every round (metrics file,
         checkpoint, progress line).
     """
@@ -50,6 +53,7 @@ class UserLevelDPStrategy(Strategy):
     def __init__(self, *, server: DPServer, sampler: CohortSampler, task_json: str,
                  train_costs: np.ndarray, rounds: int, eval_users: list[int], eval_costs: np.ndarray,
                  eval_every: int, eval_max_examples: int, round_timeout: float, min_nodes: int = 1,
+                 min_valid_replies: int = 0,
                  on_round_end: Callable[[dict[str, Any], "UserLevelDPStrategy"], None] | None = None) -> None:
         self.server = server
         self.sampler = sampler
@@ -63,6 +67,7 @@ class UserLevelDPStrategy(Strategy):
         self.round_timeout = round_timeout
         self.on_round_end = on_round_end
         self.min_nodes = int(min_nodes)
+        self.min_valid_replies = int(min_valid_replies)
         self.aggregator = UpdateAggregator(server.params.numel(), server.clip_norm, server.params.device)
         self._assigned: dict[int, list[int]] = {}
         self._cohort: list[int] = []
@@ -119,6 +124,9 @@ class UserLevelDPStrategy(Strategy):
             if msg.has_error():
                 agg.drop("client_error", len(users))
                 continue
+            if msg.metadata.group_id != f"train-{server_round - 1}":
+                agg.drop("stale", len(users))  # a reply to another round's message
+                continue
             metrics = msg.content.metric_records.get(protocol.METRICS)
             reported = list(metrics.get("user_ids", [])) if metrics is not None else None
             if reported is None or [int(u) for u in reported] != users:
@@ -135,6 +143,14 @@ class UserLevelDPStrategy(Strategy):
         for node, users in self._assigned.items():
             if node not in seen:
                 agg.drop("missing", len(users))
+        needed = min(self.min_valid_replies, len(self._assigned))
+        if agg.accepted_replies < needed:
+            raise FedsimError(
+                f"round {server_round}: only {agg.accepted_replies} valid replies of {len(self._assigned)} "
+                f"(sim.min_valid_replies = {self.min_valid_replies}; drops: "
+                f"{ {k: v for k, v in agg.drop_counts().items() if v} }). The run stopped before adding "
+                f"noise; no privacy was spent on this round. Fix the clients, then `fedsim run --resume`."
+            )
         eps = self.server.step(agg.total, realized_cohort=len(self._cohort))
         self._last_train = {
             "epsilon": eps,

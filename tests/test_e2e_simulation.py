@@ -144,3 +144,22 @@ def test_client_exceptions_and_wrong_user_claims_are_dropped(tmp_path):
 
     spec = resolve_privacy(cfg, 30)
     assert rows[-1]["epsilon"] == pytest.approx(epsilon(spec, 2), rel=1e-9)
+
+
+def test_too_few_valid_replies_stops_the_run_before_noise(tmp_path):
+    """Three of four nodes send garbage and sim.min_valid_replies = 2: round 1 fails loudly
+    with a FedsimError, nothing is recorded in the ledger, and no round is written."""
+    from clients.faults import make_faulty_client_app
+    from fedsim.errors import FedsimError
+    from fedsim.simulation import run_experiment
+
+    cfg = load_config(None, [b for b in BASE if not b.startswith("sim.")] + [
+        "sampling.scheme='fixed'", "sampling.cohort_size=12", "privacy.noise_multiplier=1.0",
+        "sim.num_workers=4", "sim.client_cpus=0.5", "sim.min_valid_replies=2", "rounds=2",
+    ])
+    out = tmp_path / "stopped"
+    with pytest.raises(FedsimError, match="min_valid_replies"):
+        run_experiment(cfg, out, progress=False,
+                       client_app=make_faulty_client_app({0: "nan", 1: "shape", 2: "error"}))
+    assert _rows(out) == []
+    assert not (out / "summary.json").exists()
