@@ -8,6 +8,7 @@ length-``N`` draw per round, and resuming needs only the seed.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from fedsim.privacy.participation import (
 from fedsim.seeding import make_generator
 
 
-class CohortSampler:
+class CohortSampler(ABC):
     """Base: ``sample(t)`` returns the sorted user indices (0..N−1) of round ``t``."""
 
     def __init__(self, scheme: ParticipationScheme, seed: int) -> None:
@@ -33,8 +34,9 @@ class CohortSampler:
     def _generator(self, t: int) -> torch.Generator:
         return make_generator(self.seed, "sampling", self.scheme.name, int(t))
 
-    def sample(self, t: int) -> list[int]:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def sample(self, t: int) -> list[int]:
+        """Sorted user indices of round ``t``, a pure function of (seed, t)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"scheme": self.scheme.describe(), "seed": self.seed}

@@ -14,6 +14,7 @@ All are post-processing of the DP release: they never change ε.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from fedsim.errors import FedsimError
 
 
-class ServerOptimizer:
+class ServerOptimizer(ABC):
     """Base class. ``step(x, g)`` updates ``x`` in place; ``t`` counts steps taken."""
 
     name = "base"
@@ -36,8 +37,9 @@ class ServerOptimizer:
         self._step(params, grad)
         self.t += 1
 
-    def _step(self, params: torch.Tensor, grad: torch.Tensor) -> None:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def _step(self, params: torch.Tensor, grad: torch.Tensor) -> None:
+        """Update ``params`` in place from the pseudo-gradient ``grad``."""
 
     def _tensors(self) -> dict[str, torch.Tensor | None]:
         return {}
