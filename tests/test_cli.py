@@ -111,3 +111,36 @@ def test_report_command(capsys, tmp_path):
     table = json.loads(out)
     assert table[0]["best_eval_accuracy"] == pytest.approx(0.23)
     assert (run / "plots" / "accuracy.png").exists() and (run / "plots" / "epsilon.png").exists()
+
+
+def test_factorize_json_matches_closed_forms(capsys):
+    import math
+
+    n = 16
+    code, out, _ = run_cli(capsys, "factorize", "--mechanism", "identity", "--rounds", str(n), "--json")
+    r = json.loads(out)
+    assert code == 0 and r["sensitivity"] == 1.0 and r["sensitivity_exact"] is True
+    assert r["loss"] == pytest.approx(n * (n + 1) / 2, rel=1e-12)
+    assert r["max_error"] == pytest.approx(n) and r["final_error"] == pytest.approx(n)
+
+    # sqrt: C = S^{1/2} Toeplitz with r_k = binom(2k, k)/4^k, so B = S·C⁻¹ = C;
+    # sens² = Σ r_k² (column 0), ‖B‖_F² = Σ_k (n − k) r_k², last row ‖B[n−1,:]‖² = Σ r_k².
+    rk = [math.comb(2 * k, k) / 4**k for k in range(n)]
+    s2 = sum(x * x for x in rk)
+    code, out, _ = run_cli(capsys, "factorize", "--mechanism", "sqrt", "--rounds", str(n), "--json")
+    r = json.loads(out)
+    assert r["sensitivity"] == pytest.approx(math.sqrt(s2), rel=1e-12)
+    assert r["loss"] == pytest.approx(s2 * sum((n - k) * rk[k] ** 2 for k in range(n)), rel=1e-10)
+    assert r["final_error"] == pytest.approx(s2 * s2, rel=1e-10)
+
+    # tree: sensitivity² = log₂ n + 1; the online estimator's last prefix sum uses one node.
+    code, out, _ = run_cli(capsys, "factorize", "--mechanism", "tree", "--rounds", str(n), "--json")
+    r = json.loads(out)
+    assert r["sensitivity"] ** 2 == pytest.approx(math.log2(n) + 1, rel=1e-12)
+    assert r["final_error"] == pytest.approx(math.log2(n) + 1, rel=1e-12)
+
+    # identity under epochs (k = 4, b = 4): sens = √k exactly.
+    code, out, _ = run_cli(capsys, "factorize", "--mechanism", "identity", "--rounds", str(n),
+                           "--scheme", "epochs", "--min-sep", "4", "--json")
+    r = json.loads(out)
+    assert r["max_participations"] == 4 and r["sensitivity"] == pytest.approx(2.0)
