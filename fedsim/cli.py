@@ -50,7 +50,10 @@ def run(config: ConfigArg = None, set_: SetOpt = None,
             "--force", help="With --resume: a key that may differ from the run's config (sim.*, "
                             "checkpoint.*, eval.every only; repeatable).")] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress line.")] = False) -> None:
-    """Train an experiment in Flower's simulation engine on Ray and write its run folder."""
+    """Train an experiment in Flower's simulation engine on Ray and write its run folder.
+
+    CONFIG is an experiment TOML (default: experiments/shakespeare_default.toml).
+    """
     _offline_env()
     from fedsim.simulation import check_resume_config, run_experiment
 
@@ -81,7 +84,10 @@ def privacy(config: ConfigArg = None, set_: SetOpt = None,
             population: Annotated[Optional[int], typer.Option(help="Population N (what-if; skips loading data).")] = None,
             target_epsilon: Annotated[Optional[float], typer.Option(help="Calibrate z for this ε instead.")] = None,
             as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Print ε (or, with --target-epsilon, the calibrated noise multiplier) without training."""
+    """Print ε (or, with --target-epsilon, the calibrated noise multiplier) without training.
+
+    CONFIG is an experiment TOML (default: experiments/shakespeare_default.toml).
+    """
     _offline_env()
     if target_epsilon is None:
         cfg = load_config(config, set_ or [])
@@ -209,7 +215,10 @@ def factorize(
 @app.command()
 def data(config: ConfigArg = None, set_: SetOpt = None,
          as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Build (once) and describe the config's federated dataset: population, examples per user."""
+    """Build (once) and describe the config's federated dataset: population, examples per user.
+
+    CONFIG is an experiment TOML (default: experiments/shakespeare_default.toml).
+    """
     _offline_env()
     cfg = load_config(config, set_ or [])
     import numpy as np
