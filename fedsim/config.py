@@ -332,7 +332,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
     Setting ``privacy.noise_multiplier`` drops a ``privacy.target_epsilon`` that came
     from the file, and vice versa (they are alternatives); ``privacy.mechanism=none``
-    drops both. Setting both with ``--set`` is left for validation to reject.
+    drops both; ``sampling.scheme=poisson|fixed|single`` drops the group-scheme keys
+    (``min_sep``, ``max_participations``, ``poisson_within_group``) from the file.
+    Setting both of a pair with ``--set`` is left for validation to reject.
     """
     out = copy.deepcopy(raw)
     parsed = [parse_override(item) for item in overrides]
@@ -341,6 +343,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         others = list(ALTERNATIVES.get(tuple(path), ()) and [ALTERNATIVES[tuple(path)]])
         if tuple(path) == ("privacy", "mechanism") and value == "none":
             others = [("privacy", "noise_multiplier"), ("privacy", "target_epsilon")]
+        if tuple(path) == ("sampling", "scheme") and value in ("poisson", "fixed", "single"):
+            others = [("sampling", k) for k in ("min_sep", "max_participations", "poisson_within_group")]
         for other in others:
             if other not in set_keys and isinstance(out.get(other[0]), dict):
                 out[other[0]].pop(other[1], None)

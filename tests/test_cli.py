@@ -25,6 +25,7 @@ def run_cli(capsys, *args):
 
 def test_privacy_json_matches_dp_accounting(capsys):
     code, out, _ = run_cli(capsys, "privacy", "--population", "1000", "--set", "rounds=50",
+                           "--set", "sampling.scheme='poisson'", "--set", "privacy.mechanism='gaussian'",
                            "--set", "sampling.cohort_size=20", "--set", "privacy.noise_multiplier=0.9", "--json")
     assert code == 0
     r = json.loads(out)
@@ -39,7 +40,7 @@ def test_privacy_json_matches_dp_accounting(capsys):
 
 def test_privacy_fixed_scheme_uses_rdp_replace_one(capsys):
     code, out, _ = run_cli(capsys, "privacy", "--population", "500", "--set", "rounds=20",
-                           "--set", "sampling.scheme='fixed'", "--set", "sampling.cohort_size=25",
+                           "--set", "privacy.mechanism='gaussian'", "--set", "sampling.scheme='fixed'", "--set", "sampling.cohort_size=25",
                            "--set", "privacy.noise_multiplier=1.1", "--set", "privacy.delta=1e-5", "--json")
     r = json.loads(out)
     assert code == 0 and r["accountant"] == "rdp" and r["neighboring_relation"] == "replace_one"
@@ -54,7 +55,8 @@ def test_privacy_fixed_scheme_uses_rdp_replace_one(capsys):
 
 def test_privacy_target_epsilon_calibrates(capsys):
     code, out, _ = run_cli(capsys, "privacy", "--population", "848", "--set", "rounds=30",
-                           "--target-epsilon", "3", "--json")
+                           "--set", "sampling.scheme='poisson'", "--set", "privacy.mechanism='gaussian'",
+                           "--set", "sampling.cohort_size=30", "--target-epsilon", "3", "--json")
     r = json.loads(out)
     assert code == 0
     assert r["epsilon"] <= 3.0 and r["epsilon"] > 2.9

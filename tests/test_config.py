@@ -273,3 +273,17 @@ def test_validate_population():
     assert "39" in str(ei.value)
     with pytest.raises(FedsimError):
         config_from_dict({"sampling": {"cohort_size": 1}}).validate_population(1)
+
+
+def test_set_scheme_drops_group_keys_from_the_file(tmp_path):
+    p = tmp_path / "g.toml"
+    p.write_text('[sampling]\nscheme = "epochs"\ncohort_size = 10\nmin_sep = 4\nmax_participations = 2\n'
+                 '[privacy]\nmechanism = "dense"\ntarget_epsilon = 3.0\n')
+    c = load_config(p, ["sampling.scheme='poisson'", "privacy.mechanism='gaussian'"])
+    assert c.sampling.scheme == "poisson" and c.sampling.min_sep is None
+    assert c.sampling.max_participations is None and c.privacy.target_epsilon == 3.0
+    # Explicitly set on the command line: kept (and then validated by the scheme).
+    c = load_config(p, ["sampling.scheme='single'", "sampling.min_sep=3"])
+    assert c.sampling.min_sep == 3
+    c = load_config(p, ["privacy.mechanism='none'"])
+    assert c.privacy.target_epsilon is None and c.privacy.noise_multiplier is None

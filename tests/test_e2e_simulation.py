@@ -23,6 +23,8 @@ pytestmark = pytest.mark.e2e
 
 BASE = [
     "rounds=3",
+    "sampling.scheme='poisson'",
+    "privacy.mechanism='gaussian'",
     "model.name='shakespeare_lstm_small'",
     "data.max_users=30",
     "sampling.cohort_size=8",

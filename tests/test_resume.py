@@ -17,7 +17,7 @@ from fedsim.errors import FedsimError
 pytestmark = pytest.mark.e2e
 
 SETTINGS = [
-    "rounds=6", "data.max_users=24", "sampling.cohort_size=6", "client.max_examples=8",
+    "rounds=6", "sampling.scheme='poisson'", "privacy.mechanism='gaussian'", "data.max_users=24", "sampling.cohort_size=6", "client.max_examples=8",
     "eval.every=2", "eval.max_users=6", "eval.max_examples_per_user=4", "sim.num_workers=2",
     "privacy.noise_multiplier=1.0", "checkpoint.every=1",
 ]
