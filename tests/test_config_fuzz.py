@@ -1,0 +1,134 @@
+"""Property-based config fuzzing (hypothesis, fixed budget and seed).
+
+- Every valid generated config passes ``fedsim privacy`` (``privacy_report``) without error.
+- Every invalid mutation of a valid config ends in :class:`FedsimError` whose message names
+  the key — never another exception type.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedsim.config import config_from_dict
+from fedsim.errors import FedsimError
+from fedsim.simulation import privacy_report
+
+FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@st.composite
+def valid_configs(draw):
+    """A raw config table and a population N it is valid for."""
+    n_pop = draw(st.integers(50, 3000))
+    rounds = draw(st.integers(1, 40))
+    family = draw(st.sampled_from(["poisson", "fixed", "none", "single", "epochs", "min_sep"]))
+    raw: dict = {"rounds": rounds, "seed": draw(st.integers(0, 2**31)),
+                 "client": {"clip_norm": draw(st.floats(0.01, 10)), "lr": draw(st.floats(0.001, 5)),
+                            "batch_size": draw(st.integers(1, 64))},
+                 "server": {"optimizer": draw(st.sampled_from(["sgd", "momentum", "adam"]))}}
+    z = draw(st.floats(0.3, 5.0))
+    if family in ("poisson", "fixed", "none"):
+        raw["sampling"] = {"scheme": "poisson" if family == "none" else family,
+                           "cohort_size": draw(st.integers(1, n_pop // 2))}
+        raw["privacy"] = ({"mechanism": "none"} if family == "none" else
+                          {"mechanism": "gaussian", "noise_multiplier": z,
+                           "accountant": draw(st.sampled_from(["pld", "rdp"]))})
+    else:
+        mech = draw(st.sampled_from(["identity", "sqrt", "dense", "banded", "blt", "tree", "dpmf_plus"]))
+        if family == "single":
+            k_cohort = draw(st.integers(1, max(1, n_pop // rounds)))
+            raw["sampling"] = {"scheme": "single", "cohort_size": k_cohort}
+        else:
+            b = draw(st.integers(1, min(rounds, 20)))
+            group = n_pop // b
+            sampling = {"scheme": family, "min_sep": b, "cohort_size": group}
+            if family == "min_sep" and draw(st.booleans()) and mech in ("banded", "identity"):
+                sampling.update(poisson_within_group=True, cohort_size=draw(st.integers(1, group)))
+            raw["sampling"] = sampling
+        raw["privacy"] = {"mechanism": mech, "noise_multiplier": z}
+    if draw(st.booleans()):
+        raw["privacy"]["delta"] = draw(st.floats(1e-9, 1e-2))
+    return raw, n_pop
+
+
+@FUZZ
+@given(valid_configs())
+def test_valid_configs_pass_fedsim_privacy(case):
+    raw, n_pop = case
+    cfg = config_from_dict(raw)
+    report = privacy_report(cfg, n_pop)
+    eps = report["epsilon"]
+    assert eps == "inf" if cfg.privacy.mechanism == "none" else (math.isfinite(eps) and eps > 0)
+    assert report["population"] == n_pop and report["rounds"] == cfg.rounds
+
+
+# (dotted key, bad value) — each must be rejected with the key named.
+BAD_VALUES = [
+    ("rounds", 0), ("rounds", "ten"), ("rounds", 1.5), ("rounds", True), ("seed", -1),
+    ("client.clip_norm", 0), ("client.clip_norm", "big"), ("client.lr", -0.1), ("client.batch_size", 0),
+    ("client.local_epochs", 0), ("client.max_examples", 0),
+    ("sampling.scheme", "stratified"), ("sampling.cohort_size", 0), ("sampling.cohort_size", "all"),
+    ("sampling.min_sep", 0), ("sampling.poisson_within_group", "yes"),
+    ("privacy.mechanism", "laplace"), ("privacy.delta", 1.5), ("privacy.delta", 0),
+    ("privacy.accountant", "gdp"), ("privacy.buffers", 0), ("privacy.objective", "mean"),
+    ("server.optimizer", "adamw"), ("server.lr", 0), ("server.momentum", 1.0),
+    ("eval.every", -1), ("sim.client_cpus", 0), ("sim.device", "tpu"), ("model.name", "gpt"),
+    ("data.name", "mnist"), ("data.max_users", 1), ("name", "has space"),
+]
+
+
+def _set(raw: dict, dotted: str, value) -> dict:
+    import copy
+
+    out = copy.deepcopy(raw)
+    node = out
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+    return out
+
+
+@FUZZ
+@given(valid_configs(), st.sampled_from(BAD_VALUES))
+def test_invalid_values_name_the_key(case, bad):
+    raw, _ = case
+    key, value = bad
+    with pytest.raises(FedsimError) as ei:
+        config_from_dict(_set(raw, key, value))
+    assert key in str(ei.value)
+
+
+@FUZZ
+@given(valid_configs(), st.sampled_from(["", "client.", "sampling.", "privacy.", "server.", "sim."]),
+       st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=3, max_size=12))
+def test_unknown_keys_name_the_key(case, prefix, name):
+    raw, _ = case
+    from fedsim.config import Config
+
+    section = prefix.rstrip(".")
+    model = Config if not section else Config.model_fields[section].annotation
+    if name in model.model_fields:
+        return
+    key = f"{prefix}{name}"
+    with pytest.raises(FedsimError) as ei:
+        config_from_dict(_set(raw, key, 1))
+    assert key in str(ei.value)
+
+
+@FUZZ
+@given(valid_configs(), st.integers(1, 49))
+def test_population_dependent_errors_are_user_errors(case, tiny_pop):
+    """The same configs against a too-small population: either valid, or a FedsimError
+    naming a sampling or data key — never another exception."""
+    raw, _ = case
+    cfg = config_from_dict(raw)
+    try:
+        privacy_report(cfg, tiny_pop)
+    except FedsimError as e:
+        assert any(k in str(e) for k in ("sampling.", "data", "rounds", "population"))
