@@ -169,26 +169,54 @@ class PrivacyConfig(_Section):
         return self
 
 
+class FilterConfig(_Section):
+    """Server-side filter of the noisy mean update ``ĝ_t`` (ALGORITHMS.md section 6);
+    post-processing, so ε is unchanged.
+
+    Parameters
+    ----------
+    name : ``none`` (default), ``ema``, ``doppler`` or ``disk``.
+    preset : DOPPLER preset (``first_order_v1`` default; ``momentum``, ``first_order_v2``,
+        ``second_order``, ``f1``..``f6``); ignored when ``b`` and ``a`` are given.
+    b, a : a custom DOPPLER IIR filter (``a`` without the leading 1): unit DC gain, stable.
+    mode : DiSK mode; the strategy supports ``ema`` (server-side Kalman/EMA) so far.
+    kappa : EMA / DiSK κ. Default 0.7.
+    gamma : DiSK γ. Default 0.5.
+    """
+
+    name: Literal["none", "ema", "doppler", "disk"] = "none"
+    preset: str = "first_order_v1"
+    b: list[float] | None = None
+    a: list[float] | None = None
+    mode: Literal["two_point", "lookahead", "ema"] = "ema"
+    kappa: float = Field(default=0.7, gt=0, le=1)
+    gamma: float = Field(default=0.5, gt=0)
+
+
 class ServerConfig(_Section):
     """Server optimizer on the pseudo-gradient ``g = −ĝ_t`` (Reddi et al. 2021).
 
     Parameters
     ----------
-    optimizer : ``sgd`` (FedAvg when lr = 1), ``momentum`` (FedAvgM), ``adam`` (FedAdam).
+    optimizer : ``sgd`` (FedAvg when lr = 1), ``momentum`` (FedAvgM), ``adam`` (FedAdam),
+        ``yogi`` (FedYogi) or ``adambc`` (DP-AdamBC: Adam with the DP-noise variance Φ_t,
+        computed exactly from the noise mechanism and filter, removed from the second moment).
     lr : server step size η. Default 1.0.
     momentum : β for ``momentum``. Default 0.9.
     beta1, beta2 : Adam moment decays. Defaults 0.9, 0.99.
     eps : Adam's adaptivity τ added to √v. Default 1e-3.
     bias_correction : Adam bias correction of both moments. Default True.
+    gamma_frac : AdamBC's floor γ′ as a fraction of Φ_t. Default 0.01.
     """
 
-    optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
+    optimizer: Literal["sgd", "momentum", "adam", "yogi", "adambc"] = "sgd"
     lr: float = Field(default=1.0, gt=0)
     momentum: float = Field(default=0.9, ge=0, lt=1)
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.99, ge=0, lt=1)
     eps: float = Field(default=1e-3, gt=0)
     bias_correction: bool = True
+    gamma_frac: float = Field(default=0.01, gt=0)
 
 
 class EvalConfig(_Section):
@@ -244,10 +272,25 @@ class Config(_Section):
     client: ClientConfig = ClientConfig()
     sampling: SamplingConfig = SamplingConfig()
     privacy: PrivacyConfig = PrivacyConfig(noise_multiplier=1.0)
+    filter: FilterConfig = FilterConfig()
     server: ServerConfig = ServerConfig()
     eval: EvalConfig = EvalConfig()
     sim: SimConfig = SimConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+
+    @model_validator(mode="after")
+    def _no_momentum_on_a_filter(self) -> "Config":
+        if self.filter.name != "none" and self.server.optimizer == "momentum":
+            raise ValueError(
+                f"filter.name = '{self.filter.name}' already is a momentum (low-pass) filter: do not stack "
+                "server.optimizer = 'momentum' on it; use server.optimizer = 'sgd' (or 'adambc')"
+            )
+        if self.filter.name == "disk" and self.filter.mode != "ema":
+            raise ValueError(
+                f"filter.mode = '{self.filter.mode}' needs the two-point client evaluation, which the "
+                "strategy does not support yet; use filter.mode = 'ema'"
+            )
+        return self
 
     def to_toml(self) -> str:
         """The resolved config as TOML (None values are omitted: they mean 'default')."""

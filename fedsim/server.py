@@ -9,8 +9,10 @@ post-processing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedsim.optim import ServerOptimizer
@@ -30,10 +32,13 @@ class DPServer:
     clip_norm : ``c``.
     noise_multiplier : ``z`` (0 for no noise).
     expected_cohort : ``K̄``, the fixed denominator.
+    filter : optional server-side filter applied to ``ĝ_t`` before the optimizer
+        (``step(update) -> update``, ``state_dict()``), e.g. from :func:`fedsim.filters.make_filter`.
     """
 
     def __init__(self, params: torch.Tensor, noise: NoiseMechanism, optimizer: ServerOptimizer,
-                 ledger: Ledger, clip_norm: float, noise_multiplier: float, expected_cohort: int) -> None:
+                 ledger: Ledger, clip_norm: float, noise_multiplier: float, expected_cohort: int,
+                 filter: Any = None) -> None:
         self.params = params.detach().clone().to(torch.float32)
         self.noise = noise
         self.optimizer = optimizer
@@ -41,6 +46,7 @@ class DPServer:
         self.clip_norm = float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.expected_cohort = int(expected_cohort)
+        self.filter = filter
         self.round = 0  # rounds completed
 
     @property
@@ -59,7 +65,9 @@ class DPServer:
         """Finish round ``self.round``: noise, optimizer step, ledger. Returns ε so far."""
         t = self.round
         g_hat = self.noisy_mean(total, t)
-        self.optimizer.step(self.params, g_hat.neg_())
+        if self.filter is not None:
+            g_hat = self.filter.step(g_hat)
+        self.optimizer.step(self.params, g_hat.neg())
         eps = self.ledger.record_round(t, realized_cohort)
         self.round += 1
         return eps
@@ -71,6 +79,7 @@ class DPServer:
             "optimizer": self.optimizer.state_dict(),
             "noise": self.noise.state_dict(),
             "ledger": self.ledger.state_dict(),
+            "filter": None if self.filter is None else self.filter.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -79,3 +88,39 @@ class DPServer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.noise.load_state_dict(state["noise"])
         self.ledger.load_state_dict(state["ledger"])
+        if self.filter is not None:
+            self.filter.load_state_dict(state["filter"])
+
+
+def noise_variance_fn(noise_std: float, expected_cohort: int, noising: np.ndarray | None,
+                      impulse: np.ndarray | None) -> Callable[[int], float]:
+    """``Φ_t``: the exact per-coordinate variance of the DP noise inside the (filtered)
+    update of round ``t`` (ALGORITHMS.md section 7), for DP-AdamBC.
+
+    The noise in ``ĝ_t`` is ``(c·z·sens/K̄)·n_t`` with ``n = M·Z``; a linear per-coordinate
+    filter with impulse response ``H`` turns it into ``(c·z·sens/K̄)·(H·M·Z)_t``, whose
+    per-coordinate variance is ``(c·z·sens/K̄)² · ‖(H·M)[t, :]‖²``.
+
+    Parameters
+    ----------
+    noise_std : ``c·z·sens``, the std of the noise added to the sum.
+    expected_cohort : ``K̄``.
+    noising : ``M`` (``n × m``), or None for independent noise (``M = I``).
+    impulse : the filter's ``H`` (``n × n`` lower-triangular), or None for no filter.
+    """
+    scale = (noise_std / expected_cohort) ** 2
+    cache: dict[int, float] = {}
+
+    def phi(t: int) -> float:
+        if t not in cache:
+            h = np.zeros(t + 1) if impulse is None else np.asarray(impulse[t, : t + 1], dtype=np.float64)
+            if impulse is None:
+                h[t] = 1.0
+            if noising is None:
+                cache[t] = scale * float(h @ h)
+            else:
+                row = h @ np.asarray(noising[: t + 1], dtype=np.float64)
+                cache[t] = scale * float(row @ row)
+        return cache[t]
+
+    return phi

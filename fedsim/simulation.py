@@ -168,6 +168,35 @@ def _quiet_flower() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
+def make_server_filter(cfg: Config) -> Any:
+    """The server-side filter of ``cfg.filter`` (None for ``none``)."""
+    f = cfg.filter
+    if f.name == "none":
+        return None
+    from fedsim.filters import make_filter
+
+    if f.name == "doppler":
+        kw: dict[str, Any] = {"b": f.b, "a": f.a} if f.b is not None or f.a is not None else {"preset": f.preset}
+        return make_filter("doppler", **kw)
+    if f.name == "ema":
+        return make_filter("ema", kappa=f.kappa)
+    return make_filter("disk", mode=f.mode, kappa=f.kappa, gamma=f.gamma)
+
+
+def make_server_optimizer(cfg: Config, noise_std: float, plan: MFPlan | None, filt: Any) -> Any:
+    """The server optimizer; for ``adambc`` with ``Φ_t`` computed exactly from the noise
+    mechanism (its noising matrix) pushed through the filter's impulse response."""
+    s = cfg.server
+    if s.optimizer != "adambc":
+        return make_optimizer(s.optimizer, s.lr, s.momentum, s.beta1, s.beta2, s.eps, s.bias_correction)
+    from fedsim.server import noise_variance_fn
+
+    impulse = None if filt is None else filt.impulse_response(cfg.rounds)
+    phi = noise_variance_fn(noise_std, cfg.sampling.cohort_size, None if plan is None else plan.noising, impulse)
+    return make_optimizer("adambc", s.lr, s.momentum, s.beta1, s.beta2, s.eps, s.bias_correction,
+                          noise_variance=phi, gamma_frac=s.gamma_frac)
+
+
 #: Config sections/keys that may change on ``--resume --force``; nothing privacy-relevant.
 RESUME_MUTABLE_PREFIXES = ("sim.", "checkpoint.", "eval.every")
 
@@ -242,11 +271,13 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     device = _device(cfg)
     n_workers = num_workers(cfg)
     noise = make_noise(spec.mechanism, prep.num_params, derive_seed(cfg.seed, "noise-base"), device, prep.plan)
-    s = cfg.server
-    optimizer = make_optimizer(s.optimizer, s.lr, s.momentum, s.beta1, s.beta2, s.eps, s.bias_correction)
+    z_eff = spec.noise_multiplier if spec.mechanism != "none" else 0.0
+    filt = make_server_filter(cfg)
+    optimizer = make_server_optimizer(cfg, noise_std=cfg.client.clip_norm * z_eff * noise.sensitivity,
+                                      plan=prep.plan, filt=filt)
     ledger = Ledger(spec, cfg.rounds)
     server = DPServer(prep.x0.to(device), noise, optimizer, ledger, cfg.client.clip_norm,
-                      spec.noise_multiplier if spec.mechanism != "none" else 0.0, cfg.sampling.cohort_size)
+                      z_eff, cfg.sampling.cohort_size, filter=filt)
     sampler = make_sampler(prep.scheme, derive_seed(cfg.seed, "sampler-base"))
 
     from fedsim.protocol import Task

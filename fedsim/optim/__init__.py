@@ -8,14 +8,19 @@ mean model delta) and updates the flat parameters in place:
 - ``adam``:     ``m ← β1 m + (1−β1) g``; ``v ← β2 v + (1−β2) g²``;
   with bias correction ``m̂ = m/(1−β1^{t+1})``, ``v̂ = v/(1−β2^{t+1})`` (else m̂ = m, v̂ = v);
   ``x ← x − η m̂ / (√v̂ + τ)``   (FedAdam; τ = ``eps``)
+- ``yogi``:     as ``adam`` but ``v ← v − (1−β2) g² sign(v − g²)``, ``v_{−1} = τ²``   (FedYogi)
+- ``adambc``:   DP-AdamBC (ALGORITHMS.md section 7): ``φ_t = β2 φ_{t−1} + (1−β2) Φ_t``;
+  ``v̂ = max((v_t − φ_t)/(1−β2^{t+1}), γ′_t)``; ``x ← x − η m̂ / √v̂`` (no additive ε)
 
 All are post-processing of the DP release: they never change ε.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -109,13 +114,224 @@ class Adam(ServerOptimizer):
         params.addcdiv_(m_hat, v_hat.sqrt().add_(self.eps), value=-self.lr)
 
 
+class Yogi(ServerOptimizer):
+    """FedYogi (Reddi et al. 2021, "Adaptive federated optimization", Algorithm 2).
+
+    ``m ← β1 m + (1−β1) g``; ``v ← v − (1−β2) g² sign(v − g²)``;
+    ``x ← x − η m̂ / (√v̂ + τ)`` with, under ``bias_correction``,
+    ``m̂ = m/(1−β1^{t+1})`` and ``v̂ = v/(1−β2^{t+1})`` (else ``m̂ = m``, ``v̂ = v``).
+
+    Parameters
+    ----------
+    lr : float
+        Server learning rate η (> 0).
+    beta1, beta2 : float
+        Moment decay rates, in ``[0, 1)``.
+    eps : float
+        The adaptivity constant τ (> 0), added to ``√v̂``.
+    bias_correction : bool
+        Divide the moments by ``1−β^{t+1}`` as Adam does (default on, matching ``Adam``).
+    v0 : float or None
+        Initial value of every coordinate of ``v`` (``v_{−1}``). The paper requires
+        ``v_{−1} ≥ τ²``; the default ``None`` uses exactly ``τ²``. ``m_{−1} = 0``.
+
+    Notes
+    -----
+    ``sign(0) = 0`` (torch semantics): a coordinate with ``v = g²`` keeps ``v``. With
+    bias correction on, the ``τ²`` start is divided by ``1−β2^{t+1}`` too, which only
+    matters while ``v`` is of order ``τ²``.
+    """
+
+    name = "yogi"
+
+    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-3,
+                 bias_correction: bool = True, v0: float | None = None) -> None:
+        super().__init__(lr)
+        _check_betas(beta1, beta2)
+        if not eps > 0:
+            raise FedsimError(f"server.eps (Yogi's τ) must be > 0 (got {eps})")
+        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        self.bias_correction = bool(bias_correction)
+        self.v0 = self.eps**2 if v0 is None else float(v0)
+        if not (math.isfinite(self.v0) and self.v0 >= 0):
+            raise FedsimError(f"Yogi's v0 must be finite and >= 0 (got {v0})")
+        self.m: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def _tensors(self) -> dict[str, torch.Tensor | None]:
+        return {"m": self.m, "v": self.v}
+
+    def _step(self, params: torch.Tensor, grad: torch.Tensor) -> None:
+        if self.m is None or self.v is None:
+            self.m = torch.zeros_like(params)
+            self.v = torch.full_like(params, self.v0)
+        g2 = grad * grad
+        self.m.mul_(self.beta1).add_(grad, alpha=1 - self.beta1)
+        self.v.sub_(g2 * torch.sign(self.v - g2), alpha=1 - self.beta2)
+        m_hat, v_hat = self.m, self.v
+        if self.bias_correction:
+            k = self.t + 1
+            m_hat = self.m / (1 - self.beta1**k)
+            v_hat = self.v / (1 - self.beta2**k)
+        params.addcdiv_(m_hat, v_hat.sqrt().add_(self.eps), value=-self.lr)
+
+
+#: ``γ′`` used when ``Φ_t = 0`` (no DP noise at that step), so that ``√v̂ > 0`` always.
+GAMMA_FLOOR_MIN = 1e-30
+
+
+class AdamBC(ServerOptimizer):
+    """DP-AdamBC (paper ``002_…``, Algorithm 1; ALGORITHMS.md section 7).
+
+    With ``Φ_t = noise_variance(t)`` (``t`` = 0-based step index)::
+
+        m_t = β1 m + (1−β1) g
+        v_t = β2 v + (1−β2) g²
+        φ_t = β2 φ_{t−1} + (1−β2) Φ_t            (φ_{−1} = 0)
+        γ′_t = max(gamma_frac · Φ_t, 1e-30)
+        v̂  = max((v_t − φ_t)/(1−β2^{t+1}), γ′_t)
+        x ← x − η · (m_t/(1−β1^{t+1})) / √v̂      (no additive ε)
+
+    ``φ_t/(1−β2^{t+1})`` is exactly the expected DP-noise contribution to the
+    bias-corrected ``v_t``, also when ``Φ_t`` varies over time (MF noise, filters).
+
+    Parameters
+    ----------
+    lr : float
+        Server learning rate η (> 0).
+    noise_variance : Callable[[int], float]
+        ``t ↦ Φ_t``, the exact per-coordinate variance of the DP noise inside the
+        pseudo-gradient given to step ``t`` (after any filter). Must return a finite
+        value ``>= 0``; it comes from the noise mechanism, never a user constant.
+    beta1, beta2 : float
+        Moment decay rates, in ``[0, 1)``.
+    gamma_frac : float
+        The floor ``γ′_t`` as a fraction of ``Φ_t`` (> 0, default 0.01). When
+        ``Φ_t = 0`` the floor is ``1e-30`` instead (then ``v̂`` is the plain Adam
+        estimate, floored away from zero). ``gamma_frac >= 1`` means ``γ′ ≥ Φ``: the floor
+        then dominates ``v̂`` and AdamBC becomes momentum SGD with step ``η/√γ′``; this
+        warns (``UserWarning``, once, at construction).
+    bias_correct : bool
+        True (default): DP-AdamBC as above. False: the uncorrected DP-Adam baseline,
+        ``v̂ = max(v_t/(1−β2^{t+1}), γ′_t)`` — the same code path without subtracting
+        ``φ_t`` (still floored by ``γ′_t`` so it never divides by zero; ``φ`` is still
+        tracked). Used for comparisons: when ``Φ`` dominates the signal, this variant is
+        momentum SGD with step ≈ ``η/√Φ``.
+
+    Notes
+    -----
+    ``phi`` (``φ_t``, a 0-d float64 tensor) is part of the state dict with ``m`` and ``v``.
+    """
+
+    name = "adambc"
+
+    def __init__(self, lr: float, noise_variance: Callable[[int], float], beta1: float = 0.9,
+                 beta2: float = 0.99, gamma_frac: float = 0.01, bias_correct: bool = True) -> None:
+        super().__init__(lr)
+        _check_betas(beta1, beta2)
+        if noise_variance is None or not callable(noise_variance):
+            raise FedsimError("adambc needs the noise mechanism's per-coordinate variance Φ_t as a "
+                              "callable noise_variance(t) -> float")
+        gamma_frac = float(gamma_frac)
+        if not (math.isfinite(gamma_frac) and gamma_frac > 0):
+            raise FedsimError(f"server.gamma_frac must be finite and > 0 (got {gamma_frac})")
+        if gamma_frac >= 1:
+            warnings.warn(f"server.gamma_frac = {gamma_frac} >= 1 makes AdamBC's floor γ′ ≥ Φ: v̂ is "
+                          "then (almost) always γ′ and AdamBC silently becomes momentum SGD; "
+                          "use gamma_frac < 1 (default 0.01)", UserWarning, stacklevel=2)
+        self.noise_variance = noise_variance
+        self.beta1, self.beta2 = float(beta1), float(beta2)
+        self.gamma_frac = gamma_frac
+        self.bias_correct = bool(bias_correct)
+        self.m: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.phi: torch.Tensor = torch.zeros((), dtype=torch.float64)
+
+    def _tensors(self) -> dict[str, torch.Tensor | None]:
+        return {"m": self.m, "v": self.v, "phi": self.phi}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.phi is None:
+            self.phi = torch.zeros((), dtype=torch.float64)
+
+    def noise_var(self, t: int) -> float:
+        """``Φ_t`` from the callable, checked to be finite and ``>= 0``."""
+        phi_t = float(self.noise_variance(t))
+        if not (math.isfinite(phi_t) and phi_t >= 0):
+            raise FedsimError(f"adambc: noise variance Φ_{t} = {phi_t} must be finite and >= 0")
+        return phi_t
+
+    def gamma(self, phi_t: float) -> float:
+        """The floor ``γ′_t = max(gamma_frac · Φ_t, 1e-30)``."""
+        return max(self.gamma_frac * phi_t, GAMMA_FLOOR_MIN)
+
+    def v_hat(self, t: int | None = None) -> torch.Tensor:
+        """The floored second-moment estimate ``v̂`` used by the most recent step
+        (``t`` = its 0-based index, default ``self.t − 1``)."""
+        if self.v is None:
+            raise FedsimError("adambc: no step taken yet, v̂ is undefined")
+        t = self.t - 1 if t is None else t
+        bias = 1 - self.beta2 ** (t + 1)
+        num = self.v - float(self.phi) if self.bias_correct else self.v
+        return (num / bias).clamp_(min=self.gamma(self.noise_var(t)))
+
+    def _step(self, params: torch.Tensor, grad: torch.Tensor) -> None:
+        if self.m is None or self.v is None:
+            self.m = torch.zeros_like(params)
+            self.v = torch.zeros_like(params)
+        t = self.t
+        phi_t = self.noise_var(t)
+        self.m.mul_(self.beta1).add_(grad, alpha=1 - self.beta1)
+        self.v.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+        self.phi = self.phi * self.beta2 + (1 - self.beta2) * phi_t
+        v_hat = self.v_hat(t)
+        m_hat = self.m / (1 - self.beta1 ** (t + 1))
+        params.addcdiv_(m_hat, v_hat.sqrt_(), value=-self.lr)
+
+
+def _check_betas(beta1: float, beta2: float) -> None:
+    for nm, b in (("beta1", beta1), ("beta2", beta2)):
+        if not 0 <= b < 1:
+            raise FedsimError(f"server.{nm} must be in [0, 1) (got {b})")
+
+
 def make_optimizer(name: str, lr: float, momentum: float = 0.9, beta1: float = 0.9,
-                   beta2: float = 0.99, eps: float = 1e-3, bias_correction: bool = True) -> ServerOptimizer:
-    """The server optimizer called ``name`` (``sgd`` | ``momentum`` | ``adam``)."""
+                   beta2: float = 0.99, eps: float = 1e-3, bias_correction: bool = True,
+                   noise_variance: Callable[[int], float] | None = None,
+                   gamma_frac: float = 0.01) -> ServerOptimizer:
+    """The server optimizer called ``name``.
+
+    Parameters
+    ----------
+    name : str
+        ``sgd`` | ``momentum`` | ``adam`` | ``yogi`` | ``adambc``.
+    lr, momentum, beta1, beta2, eps, bias_correction
+        Hyperparameters of the respective optimizer (``eps`` is τ for adam/yogi; AdamBC
+        has no additive ε and ignores ``eps``/``bias_correction``: it always bias-corrects
+        its moments).
+    noise_variance : Callable[[int], float] or None
+        ``t ↦ Φ_t`` from the noise mechanism; required for ``adambc``.
+    gamma_frac : float
+        AdamBC's floor ``γ′`` as a fraction of ``Φ_t``.
+
+    Raises
+    ------
+    FedsimError
+        Unknown name, bad hyperparameters, or ``adambc`` without ``noise_variance``.
+    """
     if name == "sgd":
         return SGD(lr)
     if name == "momentum":
         return Momentum(lr, momentum)
     if name == "adam":
         return Adam(lr, beta1, beta2, eps, bias_correction)
-    raise FedsimError(f"server.optimizer = {name!r}: allowed are sgd, momentum, adam")
+    if name == "yogi":
+        return Yogi(lr, beta1, beta2, eps, bias_correction)
+    if name == "adambc":
+        if noise_variance is None:
+            raise FedsimError("server.optimizer = 'adambc' needs the noise mechanism's per-coordinate "
+                              "variance Φ_t (noise_variance); it is computed from the DP noise, so "
+                              "adambc requires a DP run with noise")
+        return AdamBC(lr, noise_variance, beta1, beta2, gamma_frac)
+    raise FedsimError(f"server.optimizer = {name!r}: allowed are sgd, momentum, adam, yogi, adambc")

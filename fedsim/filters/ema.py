@@ -1,0 +1,190 @@
+"""EMA filter and the DiSK server side (paper ``000_…``, Algorithm 3; ALGORITHMS.md section 6).
+
+Both run the same server recursion on the noisy mean update::
+
+    g̃_0 = ĝ_0,    g̃_t = (1 − κ)·g̃_{t−1} + κ·ĝ_t    (t ≥ 1)
+
+DiSK additionally defines the client-side two-point evaluation (``two_point``) or its
+single-evaluation variant (``lookahead``); :class:`DiskFilter` exposes the constants and
+helpers for those.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedsim.errors import FedsimError
+from fedsim.filters.base import Filter, _check_update
+
+DEFAULT_KAPPA = 0.7
+DEFAULT_GAMMA = 0.5
+DISK_MODES = ("two_point", "lookahead", "ema")
+
+
+def _check_kappa(kappa: float) -> float:
+    try:
+        k = float(kappa)
+    except (TypeError, ValueError) as exc:
+        raise FedsimError(f"filter.kappa must be a number in (0, 1], got {kappa!r}") from exc
+    if not (math.isfinite(k) and 0.0 < k <= 1.0):
+        raise FedsimError(f"filter.kappa = {kappa!r} must lie in (0, 1]; e.g. the default 0.7")
+    return k
+
+
+class EMAFilter(Filter):
+    """Exponential moving average ``g̃_t = (1−κ)·g̃_{t−1} + κ·ĝ_t`` with ``g̃_0 = ĝ_0``.
+
+    Parameters
+    ----------
+    kappa : κ, the weight of the newest update, in ``(0, 1]``; ``κ = 1`` is no filtering.
+        Default 0.7.
+    """
+
+    name = "ema"
+
+    def __init__(self, kappa: float = DEFAULT_KAPPA) -> None:
+        super().__init__()
+        self.kappa = _check_kappa(kappa)
+        self._state: torch.Tensor | None = None
+
+    def step(self, update: torch.Tensor) -> torch.Tensor:
+        """Filter one round (see :meth:`Filter.step`)."""
+        _check_update(update)
+        x = update.detach()
+        if self._state is None:
+            out = x.clone()
+        else:
+            prev = self._state.to(device=x.device, dtype=x.dtype)
+            out = prev * (1.0 - self.kappa)
+            out.add_(x, alpha=self.kappa)
+        self._state = out.clone()
+        self.t += 1
+        return out
+
+    def impulse_response(self, n: int) -> np.ndarray:
+        """``H[t, 0] = (1−κ)^t`` and ``H[t, s] = κ(1−κ)^{t−s}`` for ``1 ≤ s ≤ t``
+        (see :meth:`Filter.impulse_response`)."""
+        n = int(n)
+        if n < 0:
+            raise FedsimError(f"impulse_response needs n >= 0, got {n}")
+        idx = np.arange(n)
+        lag = idx[:, None] - idx[None, :]
+        decay = (1.0 - self.kappa) ** np.clip(lag, 0, None)
+        h = np.where(lag >= 0, self.kappa * decay, 0.0)
+        if n:
+            h[:, 0] = decay[:, 0]
+        return h
+
+    def _settings(self) -> dict[str, Any]:
+        return {"kappa": self.kappa}
+
+    def state_dict(self) -> dict[str, Any]:
+        """See :meth:`Filter.state_dict`: κ, the round and ``g̃_{t−1}``."""
+        return {"name": self.name, **self._settings(), "t": self.t,
+                "g_tilde": None if self._state is None else self._state.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """See :meth:`Filter.load_state_dict`; the settings must match this filter's."""
+        self._check_state(state, self._settings())
+        self.t = int(state["t"])
+        g = state["g_tilde"]
+        self._state = None if g is None else g.clone()
+
+
+class DiskFilter(EMAFilter):
+    """DiSK server side: the EMA recursion plus the constants of the client evaluations.
+
+    Parameters
+    ----------
+    mode : ``two_point`` (faithful: clients evaluate at ``x_t`` and ``x_t + γ·d_{t−1}`` and
+        send ``clip(a·Δ' + (1−a)·Δ)``), ``lookahead`` (single evaluation at
+        ``y_t = x_t + γ·d_{t−1}``, ``a = 1``) or ``ema`` (server EMA only). Default ``ema``.
+    kappa : κ in ``(0, 1]``. Default 0.7.
+    gamma : γ > 0, the look-ahead step. Default 0.5. In ``lookahead`` mode γ is always
+        derived as ``(1−κ)/κ`` (that is what makes ``a = 1``) and the given value is
+        **overridden** (the config always passes its default 0.5); the value actually used is
+        :attr:`gamma`, and the one given is kept in :attr:`gamma_given`.
+
+    Attributes
+    ----------
+    a : the mixing weight: ``(1−κ)/(κγ)`` for ``two_point`` and ``ema``, 1 for ``lookahead``.
+
+    Notes
+    -----
+    The noise σ is the same as the unfiltered run: it is **not** rescaled by ``√(a² + (1−a)²)``.
+    """
+
+    name = "disk"
+
+    def __init__(self, mode: str = "ema", kappa: float = DEFAULT_KAPPA, gamma: float | None = DEFAULT_GAMMA) -> None:
+        super().__init__(kappa)
+        if mode not in DISK_MODES:
+            raise FedsimError(f"filter.mode = {mode!r} is unknown; use one of {', '.join(DISK_MODES)}")
+        self.mode = mode
+        if gamma is None:
+            gamma = DEFAULT_GAMMA
+        try:
+            g = float(gamma)
+        except (TypeError, ValueError) as exc:
+            raise FedsimError(f"filter.gamma must be a positive number, got {gamma!r}") from exc
+        if not (math.isfinite(g) and g > 0.0):
+            raise FedsimError(f"filter.gamma = {gamma!r} must be a finite number > 0; e.g. the default 0.5")
+        self.gamma_given = g
+        if mode == "lookahead":
+            self.gamma = (1.0 - self.kappa) / self.kappa
+            self.a = 1.0
+        else:
+            self.gamma = g
+            self.a = (1.0 - self.kappa) / (self.kappa * g)
+
+    def lookahead_point(self, x_t: torch.Tensor, d_prev: torch.Tensor | None) -> torch.Tensor:
+        """The second evaluation point ``x_t + γ·d_{t−1}``.
+
+        Parameters
+        ----------
+        x_t : the current flat model ``x_t``.
+        d_prev : the previous server step ``d_{t−1} = x_t − x_{t−1}``; None (default at
+            ``t = 0``) means ``d_{−1} = 0``.
+
+        Returns
+        -------
+        torch.Tensor
+            A new tensor (``x_t``'s dtype and device); inputs are not modified.
+        """
+        _check_update(x_t)
+        y = x_t.detach().clone()
+        if d_prev is not None:
+            y.add_(d_prev.to(device=y.device, dtype=y.dtype), alpha=self.gamma)
+        return y
+
+    def mix(self, delta_x: torch.Tensor, delta_y: torch.Tensor) -> torch.Tensor:
+        """Mix a client's two local updates **before** clipping: ``a·Δ' + (1−a)·Δ``.
+
+        Parameters
+        ----------
+        delta_x : ``Δ``, the local update computed at ``x_t``.
+        delta_y : ``Δ'``, the local update computed at ``x_t + γ·d_{t−1}`` (same data,
+            order and seed).
+
+        Returns
+        -------
+        torch.Tensor
+            ``a·delta_y + (1−a)·delta_x``, a new tensor with ``delta_x``'s dtype and device.
+        """
+        _check_update(delta_x)
+        _check_update(delta_y)
+        if delta_x.shape != delta_y.shape:
+            raise FedsimError(
+                f"DiSK mix needs two updates of the same shape, got {tuple(delta_x.shape)} and "
+                f"{tuple(delta_y.shape)}; compute both local updates on the same model"
+            )
+        out = delta_x.detach() * (1.0 - self.a)
+        out.add_(delta_y.detach().to(device=out.device, dtype=out.dtype), alpha=self.a)
+        return out
+
+    def _settings(self) -> dict[str, Any]:
+        return {"mode": self.mode, "kappa": self.kappa, "gamma": self.gamma}
