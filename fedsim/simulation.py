@@ -130,12 +130,16 @@ class Prepared:
     num_params: int
 
 
-def prepare(cfg: Config) -> Prepared:
+def prepare(cfg: Config, extra_users: int = 0) -> Prepared:
     """Load data, validate against the population and resolve privacy; raises
-    :class:`FedsimError` before anything starts."""
+    :class:`FedsimError` before anything starts.
+
+    ``extra_users`` simulated users (the audit's canaries) join the population that is
+    sampled and accounted: ``N + extra_users``.
+    """
     data = load_federated(DataSpec.from_config(cfg.data))
-    spec = resolve_privacy(cfg, data.population)
-    scheme = scheme_of(cfg, data.population)
+    spec = resolve_privacy(cfg, data.population + extra_users)
+    scheme = scheme_of(cfg, data.population + extra_users)
     plan = None
     if spec.is_mf:
         p = cfg.privacy
@@ -235,7 +239,7 @@ def _truncate_lines(path: Path, keep: int) -> list[dict[str, Any]]:
 
 
 def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: bool = True,
-                   client_app: Any = None, resume: bool = False) -> dict[str, Any]:
+                   client_app: Any = None, resume: bool = False, synthetic: Any = None) -> dict[str, Any]:
     """Run ``cfg`` in Flower's simulation engine on Ray and write the run folder.
 
     Parameters
@@ -249,11 +253,15 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         the config with :func:`check_resume_config`). Rows of ``metrics.jsonl`` after the
         checkpoint are discarded and recomputed; the result is bit-identical to an
         uninterrupted run.
+    synthetic : optional simulated users (``count`` of them, ids ``N..N+count−1``, with
+        ``update_sum``), e.g. the audit's canaries; they are sampled and accounted as part of
+        the population (see :class:`strategies.user_dp.UserLevelDPStrategy`). Before the run,
+        ``synthetic.bind(first_id=N, dim=d)`` tells them their ids and the model size.
 
     Returns the summary dict (also written to ``summary.json``).
     """
     t_start = time.perf_counter()
-    prep = prepare(cfg)
+    prep = prepare(cfg, extra_users=0 if synthetic is None else int(synthetic.count))
     data, spec = prep.data, prep.spec
     out = Path(out_dir) if out_dir is not None else default_run_dir(cfg)
     if resume:
@@ -289,6 +297,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
                 use_gpu=cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu")
     train_costs = np.minimum(data.examples_per_user(), cfg.client.max_examples) * cfg.client.local_epochs
     pop = data.population
+    if synthetic is not None:
+        synthetic.bind(first_id=pop, dim=prep.num_params)
     if cfg.eval.max_users is not None and cfg.eval.max_users < pop:
         rng = np.random.default_rng(derive_seed(cfg.seed, "eval-users"))
         eval_users = sorted(rng.choice(pop, size=cfg.eval.max_users, replace=False).tolist())
@@ -342,7 +352,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         server=server, sampler=sampler, task_json=task.to_json(), train_costs=train_costs,
         rounds=cfg.rounds, eval_users=eval_users, eval_costs=eval_costs, eval_every=cfg.eval.every,
         eval_max_examples=cfg.eval.max_examples_per_user, round_timeout=cfg.sim.round_timeout,
-        min_nodes=n_workers, min_valid_replies=cfg.sim.min_valid_replies, on_round_end=on_round_end)
+        min_nodes=n_workers, min_valid_replies=cfg.sim.min_valid_replies, on_round_end=on_round_end,
+        synthetic=synthetic)
 
     _quiet_flower()
     from flwr.simulation import run_simulation
@@ -388,7 +399,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         "accountant": spec.effective_accountant,
         "cohort_size": spec.cohort_size,
         "rounds_completed": server.round,
-        "population": pop,
+        "population": spec.population,
         "examples_per_user": {"mean": float(ex.mean()), "median": float(np.median(ex)),
                               "min": int(ex.min()), "max": int(ex.max())},
         "num_parameters": prep.num_params,

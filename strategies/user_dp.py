@@ -48,13 +48,18 @@ class UserLevelDPStrategy(Strategy):
         noise is added; the last checkpoint stays valid, so the run can be resumed.
     on_round_end : called with (metrics row, strategy) after every round (metrics file,
         checkpoint, progress line).
+    synthetic : optional simulated users with ids ``≥ synthetic.first_id`` (e.g. the privacy
+        audit's canaries, :mod:`fedsim.audit`): the sampler draws them like everyone else; no
+        message is sent for them; ``synthetic.update_sum(user_ids, t, clip_norm, dim)`` gives
+        the sum of their (already clipped) updates, which passes the same guard as a reply.
     """
 
     def __init__(self, *, server: DPServer, sampler: CohortSampler, task_json: str,
                  train_costs: np.ndarray, rounds: int, eval_users: list[int], eval_costs: np.ndarray,
                  eval_every: int, eval_max_examples: int, round_timeout: float, min_nodes: int = 1,
                  min_valid_replies: int = 0,
-                 on_round_end: Callable[[dict[str, Any], "UserLevelDPStrategy"], None] | None = None) -> None:
+                 on_round_end: Callable[[dict[str, Any], "UserLevelDPStrategy"], None] | None = None,
+                 synthetic: Any = None) -> None:
         self.server = server
         self.sampler = sampler
         self.task_json = task_json
@@ -68,6 +73,7 @@ class UserLevelDPStrategy(Strategy):
         self.on_round_end = on_round_end
         self.min_nodes = int(min_nodes)
         self.min_valid_replies = int(min_valid_replies)
+        self.synthetic = synthetic
         self.aggregator = UpdateAggregator(server.params.numel(), server.clip_norm, server.params.device)
         self._assigned: dict[int, list[int]] = {}
         self._cohort: list[int] = []
@@ -81,8 +87,12 @@ class UserLevelDPStrategy(Strategy):
                         grid: Grid) -> Iterable[Message]:
         t = server_round - 1
         self._cohort = self.sampler.sample(t)
+        real = self._cohort
+        if self.synthetic is not None:
+            real = [u for u in self._cohort if u < self.synthetic.first_id]
+            self._synthetic_cohort = [u for u in self._cohort if u >= self.synthetic.first_id]
         nodes = sorted(grid.get_node_ids())
-        shares = assign_users(self._cohort, self.train_costs, len(nodes))
+        shares = assign_users(real, self.train_costs, len(nodes))
         self._assigned = {}
         messages = []
         for node, users in zip(nodes, shares):
@@ -151,6 +161,10 @@ class UserLevelDPStrategy(Strategy):
                 f"{ {k: v for k, v in agg.drop_counts().items() if v} }). The run stopped before adding "
                 f"noise; no privacy was spent on this round. Fix the clients, then `fedsim run --resume`."
             )
+        if self.synthetic is not None and self._synthetic_cohort:
+            ids = self._synthetic_cohort
+            agg.add(self.synthetic.update_sum(ids, server_round - 1, self.aggregator.clip_norm,
+                                              agg.dim).numpy(), len(ids))
         eps = self.server.step(agg.total, realized_cohort=len(self._cohort))
         self._last_train = {
             "epsilon": eps,
