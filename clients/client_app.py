@@ -10,6 +10,7 @@ per-user metrics. Individual updates are never logged or persisted.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -52,7 +53,10 @@ def train(msg: Message, context: Context) -> Message:
     task, data, model = _worker(str(cfg["task"]))
     users = [int(u) for u in cfg["user_ids"]]
     x0 = _params(msg)
-    total, results = train_users(model, x0, data, users, int(cfg["round"]), task.seed, task.local)
+    local = task.local
+    if "clip_norm" in cfg:  # this round's c_t (adaptive clipping moves it)
+        local = replace(local, clip_norm=float(cfg["clip_norm"]))
+    total, results = train_users(model, x0, data, users, int(cfg["round"]), task.seed, local)
     metrics = MetricRecord({
         "num_users": len(users),
         "user_ids": users,

@@ -85,6 +85,28 @@ class ClientConfig(_Section):
     max_examples: int = Field(default=64, ge=1)
 
 
+class ClippingConfig(_Section):
+    """Adaptive clipping to a target quantile (Andrew et al. 2021; ALGORITHMS.md section 5).
+
+    ``client.clip_norm`` is the first round's ``c_0``; with ``adaptive`` the server moves
+    ``c_t`` towards the ``target_quantile`` of the users' delta norms, from a noisy count
+    that takes a share of the privacy budget (the ledger records the split; ε is unchanged).
+
+    Parameters
+    ----------
+    adaptive : turn adaptive clipping on. Default False (fixed ``c``).
+    target_quantile : ``γ``, fraction of users whose delta should fit under ``c``. Default 0.5.
+    lr : ``η_c``, geometric step size of ``c``. Default 0.2.
+    count_stddev : ``σ_b``, noise std on the count of unclipped users (in users).
+        Default ``K̄/20`` (``sampling.cohort_size / 20``).
+    """
+
+    adaptive: bool = False
+    target_quantile: float = Field(default=0.5, gt=0, lt=1)
+    lr: float = Field(default=0.2, gt=0, le=10)
+    count_stddev: float | None = Field(default=None, gt=0)
+
+
 class SamplingConfig(_Section):
     """Participation scheme (ALGORITHMS.md section 2; :mod:`fedsim.privacy.participation`).
 
@@ -270,6 +292,7 @@ class Config(_Section):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     client: ClientConfig = ClientConfig()
+    clipping: ClippingConfig = ClippingConfig()
     sampling: SamplingConfig = SamplingConfig()
     privacy: PrivacyConfig = PrivacyConfig(noise_multiplier=1.0)
     filter: FilterConfig = FilterConfig()
@@ -290,6 +313,9 @@ class Config(_Section):
                 f"filter.mode = '{self.filter.mode}' needs the two-point client evaluation, which the "
                 "strategy does not support yet; use filter.mode = 'ema'"
             )
+        if self.clipping.adaptive and self.privacy.mechanism == "none":
+            raise ValueError("clipping.adaptive = true needs a DP mechanism (its count is noised with a share "
+                             "of the budget); set privacy.mechanism or clipping.adaptive = false")
         return self
 
     def to_toml(self) -> str:

@@ -3,7 +3,8 @@
 Train message (server → node), content records:
   ``arrays``  ArrayRecord  ``params``: the global model, one flat float32 array
   ``config``  ConfigRecord ``task`` (JSON :class:`Task`), ``round`` (0-based),
-                           ``user_ids`` (the users this node must train)
+                           ``user_ids`` (the users this node must train),
+                           ``clip_norm`` (this round's ``c_t``)
 Train reply (node → server):
   ``arrays``  ArrayRecord  ``update_sum``: Σ clip(Δ_i, c) over those users, flat float32
   ``metrics`` MetricRecord ``num_users``, ``user_ids``, ``user_loss``,

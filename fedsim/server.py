@@ -34,11 +34,14 @@ class DPServer:
     expected_cohort : ``K̄``, the fixed denominator.
     filter : optional server-side filter applied to ``ĝ_t`` before the optimizer
         (``step(update) -> update``, ``state_dict()``), e.g. from :func:`fedsim.filters.make_filter`.
+    clip_controller : optional :class:`~fedsim.privacy.adaptive_clip.AdaptiveClip`; then
+        ``clip_norm`` is ``c_t`` of the current round and moves after every step, and
+        ``noise_multiplier`` is the update's share ``z_Δ``.
     """
 
     def __init__(self, params: torch.Tensor, noise: NoiseMechanism, optimizer: ServerOptimizer,
                  ledger: Ledger, clip_norm: float, noise_multiplier: float, expected_cohort: int,
-                 filter: Any = None) -> None:
+                 filter: Any = None, clip_controller: Any = None) -> None:
         self.params = params.detach().clone().to(torch.float32)
         self.noise = noise
         self.optimizer = optimizer
@@ -47,6 +50,9 @@ class DPServer:
         self.noise_multiplier = float(noise_multiplier)
         self.expected_cohort = int(expected_cohort)
         self.filter = filter
+        self.clip_controller = clip_controller
+        if clip_controller is not None:
+            self.clip_norm = clip_controller.clip_norm
         self.round = 0  # rounds completed
 
     @property
@@ -61,14 +67,21 @@ class DPServer:
             g.add_(self.noise.row(t).to(g.device), alpha=self.noise_std)
         return g.div_(self.expected_cohort)
 
-    def step(self, total: torch.Tensor, realized_cohort: int) -> float:
-        """Finish round ``self.round``: noise, optimizer step, ledger. Returns ε so far."""
+    def step(self, total: torch.Tensor, realized_cohort: int, centred_count: float | None = None) -> float:
+        """Finish round ``self.round``: noise, optimizer step, ledger. Returns ε so far.
+
+        ``centred_count`` is ``Σ(b_i − ½)`` over the accepted users (adaptive clipping only).
+        """
         t = self.round
         g_hat = self.noisy_mean(total, t)
         if self.filter is not None:
             g_hat = self.filter.step(g_hat)
         self.optimizer.step(self.params, g_hat.neg())
-        eps = self.ledger.record_round(t, realized_cohort)
+        eps = self.ledger.record_round(t, realized_cohort, clip_norm=self.clip_norm)
+        if self.clip_controller is not None:
+            if centred_count is None:
+                raise ValueError("adaptive clipping needs the centred count of unclipped users")
+            self.clip_norm = self.clip_controller.step(centred_count, t)
         self.round += 1
         return eps
 
@@ -80,6 +93,8 @@ class DPServer:
             "noise": self.noise.state_dict(),
             "ledger": self.ledger.state_dict(),
             "filter": None if self.filter is None else self.filter.state_dict(),
+            "clip_norm": self.clip_norm,
+            "clip_controller": None if self.clip_controller is None else self.clip_controller.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -90,10 +105,13 @@ class DPServer:
         self.ledger.load_state_dict(state["ledger"])
         if self.filter is not None:
             self.filter.load_state_dict(state["filter"])
+        self.clip_norm = float(state.get("clip_norm", self.clip_norm))
+        if self.clip_controller is not None:
+            self.clip_controller.load_state_dict(state["clip_controller"])
 
 
-def noise_variance_fn(noise_std: float, expected_cohort: int, noising: np.ndarray | None,
-                      impulse: np.ndarray | None) -> Callable[[int], float]:
+def noise_variance_fn(noise_std: float | Callable[[int], float], expected_cohort: int,
+                      noising: np.ndarray | None, impulse: np.ndarray | None) -> Callable[[int], float]:
     """``Φ_t``: the exact per-coordinate variance of the DP noise inside the (filtered)
     update of round ``t`` (ALGORITHMS.md section 7), for DP-AdamBC.
 
@@ -101,14 +119,19 @@ def noise_variance_fn(noise_std: float, expected_cohort: int, noising: np.ndarra
     filter with impulse response ``H`` turns it into ``(c·z·sens/K̄)·(H·M·Z)_t``, whose
     per-coordinate variance is ``(c·z·sens/K̄)² · ‖(H·M)[t, :]‖²``.
 
+    With adaptive clipping the std of round ``τ`` is ``s_τ = c_τ·z_Δ·sens`` and the rows are
+    weighted by it: ``Φ_t = ‖Σ_τ H[t, τ]·s_τ·M[τ, :]‖² / K̄²``.
+
     Parameters
     ----------
-    noise_std : ``c·z·sens``, the std of the noise added to the sum.
+    noise_std : ``c·z·sens``, the std of the noise added to the sum; or a function of the
+        round ``τ`` giving it (adaptive clipping; called only for ``τ ≤ t``).
     expected_cohort : ``K̄``.
     noising : ``M`` (``n × m``), or None for independent noise (``M = I``).
     impulse : the filter's ``H`` (``n × n`` lower-triangular), or None for no filter.
     """
-    scale = (noise_std / expected_cohort) ** 2
+    std_of = noise_std if callable(noise_std) else None
+    scale = 1.0 / expected_cohort ** 2 if std_of else (float(noise_std) / expected_cohort) ** 2  # type: ignore[arg-type]
     cache: dict[int, float] = {}
 
     def phi(t: int) -> float:
@@ -116,6 +139,8 @@ def noise_variance_fn(noise_std: float, expected_cohort: int, noising: np.ndarra
             h = np.zeros(t + 1) if impulse is None else np.asarray(impulse[t, : t + 1], dtype=np.float64)
             if impulse is None:
                 h[t] = 1.0
+            if std_of is not None:
+                h = h * np.array([std_of(tau) for tau in range(t + 1)], dtype=np.float64)
             if noising is None:
                 cache[t] = scale * float(h @ h)
             else:

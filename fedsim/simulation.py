@@ -72,11 +72,53 @@ def resolve_privacy(cfg: Config, population: int) -> AccountingSpec:
     return spec
 
 
+def count_releases_per_user(spec: AccountingSpec, scheme: ParticipationScheme, rounds: int) -> int:
+    """``k`` of the adaptive-clipping budget split (:mod:`fedsim.privacy.adaptive_clip`): 1 when
+    the accountant composes per round or per participation, else the user's maximum number of
+    participations (MF noise accounted as one Gaussian over the run)."""
+    if not spec.is_mf or spec.amplified:
+        return 1
+    k = scheme.max_participations or 1
+    b = scheme.min_separation or rounds
+    return int(min(k, -(-rounds // b)))
+
+
+def resolve_clipping(cfg: Config, spec: AccountingSpec, scheme: ParticipationScheme) -> tuple[float, dict[str, Any] | None]:
+    """The update's noise multiplier and, with adaptive clipping, the budget split.
+
+    Without adaptive clipping the update uses the whole ``z``. With it, the count takes
+    ``σ_b`` and the update gets ``z_Δ = (z^{−2} − k·(2σ_b)^{−2})^{−1/2}``; raises
+    :class:`FedsimError` when ``σ_b`` leaves nothing for the update.
+    """
+    z = spec.noise_multiplier if spec.mechanism != "none" else 0.0
+    c = cfg.clipping
+    if not c.adaptive:
+        return z, None
+    from fedsim.privacy.adaptive_clip import update_noise_multiplier
+
+    sigma_b = c.count_stddev if c.count_stddev is not None else cfg.sampling.cohort_size / 20.0
+    k = count_releases_per_user(spec, scheme, cfg.rounds)
+    z_update = update_noise_multiplier(z, sigma_b, k)
+    return z_update, {
+        "query": "adaptive clipping (Andrew et al. 2021): centred count of unclipped users",
+        "noise_multiplier": z,
+        "update_noise_multiplier": z_update,
+        "count_stddev": sigma_b,
+        "count_sensitivity": 0.5,
+        "count_releases_per_user": k,
+        "target_quantile": c.target_quantile,
+        "clip_lr": c.lr,
+        "initial_clip_norm": cfg.client.clip_norm,
+    }
+
+
 def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
     """What ``fedsim privacy --json`` prints: ε after ``cfg.rounds`` rounds without training."""
     spec = resolve_privacy(cfg, population)
     eps = epsilon(spec, cfg.rounds)
+    _, split = resolve_clipping(cfg, spec, scheme_of(cfg, population))
     return {
+        "budget_split": split,
         "epsilon": eps if math.isfinite(eps) else "inf",
         "delta": spec.delta,
         "noise_multiplier": spec.noise_multiplier,
@@ -128,6 +170,8 @@ class Prepared:
     plan: MFPlan | None
     x0: torch.Tensor
     num_params: int
+    update_noise_multiplier: float
+    budget_split: dict[str, Any] | None
 
 
 def prepare(cfg: Config, extra_users: int = 0) -> Prepared:
@@ -140,6 +184,7 @@ def prepare(cfg: Config, extra_users: int = 0) -> Prepared:
     data = load_federated(DataSpec.from_config(cfg.data))
     spec = resolve_privacy(cfg, data.population + extra_users)
     scheme = scheme_of(cfg, data.population + extra_users)
+    z_update, split = resolve_clipping(cfg, spec, scheme)
     plan = None
     if spec.is_mf:
         p = cfg.privacy
@@ -148,7 +193,7 @@ def prepare(cfg: Config, extra_users: int = 0) -> Prepared:
                        tree_estimator=p.tree_estimator)
     model = make_model(cfg.model.name, data.vocab_size, seed=derive_seed(cfg.seed, "model"))
     x0 = parameters_to_vector(model.parameters()).detach().to(torch.float32)
-    return Prepared(cfg, data, spec, scheme, plan, x0, num_parameters(model))
+    return Prepared(cfg, data, spec, scheme, plan, x0, num_parameters(model), z_update, split)
 
 
 class _DropDeprecationBanner(logging.Filter):
@@ -187,9 +232,10 @@ def make_server_filter(cfg: Config) -> Any:
     return make_filter("disk", mode=f.mode, kappa=f.kappa, gamma=f.gamma)
 
 
-def make_server_optimizer(cfg: Config, noise_std: float, plan: MFPlan | None, filt: Any) -> Any:
+def make_server_optimizer(cfg: Config, noise_std: float | Any, plan: MFPlan | None, filt: Any) -> Any:
     """The server optimizer; for ``adambc`` with ``Φ_t`` computed exactly from the noise
-    mechanism (its noising matrix) pushed through the filter's impulse response."""
+    mechanism (its noising matrix) pushed through the filter's impulse response.
+    ``noise_std`` is ``c·z·sens`` or, with adaptive clipping, a function of the round."""
     s = cfg.server
     if s.optimizer != "adambc":
         return make_optimizer(s.optimizer, s.lr, s.momentum, s.beta1, s.beta2, s.eps, s.bias_correction)
@@ -279,13 +325,23 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     device = _device(cfg)
     n_workers = num_workers(cfg)
     noise = make_noise(spec.mechanism, prep.num_params, derive_seed(cfg.seed, "noise-base"), device, prep.plan)
-    z_eff = spec.noise_multiplier if spec.mechanism != "none" else 0.0
+    z_eff = prep.update_noise_multiplier
     filt = make_server_filter(cfg)
-    optimizer = make_server_optimizer(cfg, noise_std=cfg.client.clip_norm * z_eff * noise.sensitivity,
-                                      plan=prep.plan, filt=filt)
-    ledger = Ledger(spec, cfg.rounds)
+    clip_ctl = None
+    noise_std: Any = cfg.client.clip_norm * z_eff * noise.sensitivity
+    if prep.budget_split is not None:
+        from fedsim.privacy.adaptive_clip import AdaptiveClip
+
+        clip_ctl = AdaptiveClip(cfg.client.clip_norm, cfg.clipping.target_quantile, cfg.clipping.lr,
+                                prep.budget_split["count_stddev"], cfg.sampling.cohort_size,
+                                derive_seed(cfg.seed, "clip-count"))
+
+        def noise_std(tau: int, _c=clip_ctl, _s=z_eff * noise.sensitivity) -> float:
+            return (_c.history + [_c.clip_norm])[tau] * _s
+    optimizer = make_server_optimizer(cfg, noise_std=noise_std, plan=prep.plan, filt=filt)
+    ledger = Ledger(spec, cfg.rounds, budget_split=prep.budget_split)
     server = DPServer(prep.x0.to(device), noise, optimizer, ledger, cfg.client.clip_norm,
-                      z_eff, cfg.sampling.cohort_size, filter=filt)
+                      z_eff, cfg.sampling.cohort_size, filter=filt, clip_controller=clip_ctl)
     sampler = make_sampler(prep.scheme, derive_seed(cfg.seed, "sampler-base"))
 
     from fedsim.protocol import Task
@@ -391,6 +447,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         "epsilon": eps if math.isfinite(eps) else "inf",
         "delta": spec.delta,
         "noise_multiplier": spec.noise_multiplier,
+        "update_noise_multiplier": z_eff,
+        "final_clip_norm": server.clip_norm,
         "mechanism": spec.mechanism,
         "scheme": spec.scheme,
         "sensitivity": noise.sensitivity,

@@ -28,6 +28,13 @@ from fedsim.scheduling import assign_users
 from fedsim.server import DPServer
 
 
+def _as_int(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
 class UserLevelDPStrategy(Strategy):
     """User-level DP with a fixed denominator, on any noise mechanism and server optimizer.
 
@@ -94,12 +101,14 @@ class UserLevelDPStrategy(Strategy):
         nodes = sorted(grid.get_node_ids())
         shares = assign_users(real, self.train_costs, len(nodes))
         self._assigned = {}
+        self.aggregator.clip_norm = self.server.clip_norm  # c_t (moves with adaptive clipping)
         messages = []
         for node, users in zip(nodes, shares):
             if not users:
                 continue
             self._assigned[node] = users
-            cfg = ConfigRecord({"task": self.task_json, "round": t, "user_ids": users})
+            cfg = ConfigRecord({"task": self.task_json, "round": t, "user_ids": users,
+                                "clip_norm": float(self.server.clip_norm)})
             messages.append(Message(RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: cfg}),
                                     dst_node_id=node, message_type=MessageType.TRAIN,
                                     group_id=f"train-{t}"))
@@ -123,6 +132,7 @@ class UserLevelDPStrategy(Strategy):
         losses: list[float] = []
         examples = 0
         clipped = 0
+        centred = 0.0  # Σ(b_i − ½), b_i = 1[‖Δ_i‖ ≤ c_t], over accepted users (adaptive clipping)
         valid: list[tuple[list[int], Any, Any]] = []
         for msg in replies:
             node = msg.metadata.src_node_id
@@ -149,7 +159,10 @@ class UserLevelDPStrategy(Strategy):
             if agg.add(update, len(users)) is None:
                 losses.extend(float(v) for v in metrics.get("user_loss", []))
                 examples += int(sum(metrics.get("user_examples", [])))
-                clipped += int(metrics.get("num_clipped", 0))
+                m = len(users)
+                n_clip = min(max(_as_int(metrics.get("num_clipped", 0)), 0), m)  # guard: 0 ≤ · ≤ m
+                clipped += n_clip
+                centred += m / 2.0 - n_clip
         for node, users in self._assigned.items():
             if node not in seen:
                 agg.drop("missing", len(users))
@@ -163,9 +176,11 @@ class UserLevelDPStrategy(Strategy):
             )
         if self.synthetic is not None and self._synthetic_cohort:
             ids = self._synthetic_cohort
-            agg.add(self.synthetic.update_sum(ids, server_round - 1, self.aggregator.clip_norm,
-                                              agg.dim).numpy(), len(ids))
-        eps = self.server.step(agg.total, realized_cohort=len(self._cohort))
+            if agg.add(self.synthetic.update_sum(ids, server_round - 1, self.aggregator.clip_norm,
+                                                 agg.dim).numpy(), len(ids)) is None:
+                centred += len(ids) / 2.0  # canaries' updates have norm c: they fit
+        c_t = self.server.clip_norm
+        eps = self.server.step(agg.total, realized_cohort=len(self._cohort), centred_count=centred)
         self._last_train = {
             "epsilon": eps,
             "train_loss": float(np.mean(losses)) if losses else None,
@@ -176,6 +191,9 @@ class UserLevelDPStrategy(Strategy):
             "drop_reasons": agg.drop_counts(),
             "server_reclipped": agg.server_clipped,
             "clipped_fraction": clipped / agg.accepted_users if agg.accepted_users else None,
+            "clip_norm": c_t,
+            "unclipped_fraction_noisy": (None if self.server.clip_controller is None
+                                         else self.server.clip_controller.last_fraction),
             "train_examples": examples,
         }
         mr = MetricRecord({k: v for k, v in self._last_train.items()

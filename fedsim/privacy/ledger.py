@@ -26,11 +26,16 @@ class Ledger:
     ----------
     spec : the accounting spec of the run (fixed for its whole length).
     planned_rounds : rounds the run was configured for (for the planned final ε).
+    budget_split : how ``z`` is shared when a second query (adaptive clipping's count)
+        spends part of it: ``{"update_noise_multiplier", "count_stddev", ...}``; recorded so
+        that ``z`` can be recomputed from its parts (:func:`check_budget_split`).
     """
 
-    def __init__(self, spec: AccountingSpec, planned_rounds: int) -> None:
+    def __init__(self, spec: AccountingSpec, planned_rounds: int,
+                 budget_split: dict[str, Any] | None = None) -> None:
         self.spec = spec
         self.planned_rounds = planned_rounds
+        self.budget_split = budget_split
         self.entries: list[dict[str, Any]] = []
         self._curve = EpsilonCurve(spec)
 
@@ -43,16 +48,20 @@ class Ledger:
         """ε after the last recorded round (0 before any round)."""
         return self.entries[-1]["epsilon"] if self.entries else 0.0
 
-    def record_round(self, round_index: int, realized_cohort: int) -> float:
+    def record_round(self, round_index: int, realized_cohort: int, clip_norm: float | None = None) -> float:
         """Record round ``round_index`` (0-based) and return ε after it.
 
         ``realized_cohort`` is stored for the record only: with a fixed
         denominator ``K̄`` the realised size does not enter the accounting.
+        ``clip_norm`` (the round's ``c_t``) is recorded when clipping is adaptive.
         """
         if round_index != len(self.entries):
             raise RuntimeError(f"ledger expects round {len(self.entries)}, got {round_index}")
         eps = self._curve(round_index + 1)
-        self.entries.append({"round": round_index + 1, "epsilon": eps, "cohort": int(realized_cohort)})
+        entry: dict[str, Any] = {"round": round_index + 1, "epsilon": eps, "cohort": int(realized_cohort)}
+        if self.budget_split is not None and clip_norm is not None:
+            entry["clip_norm"] = float(clip_norm)
+        self.entries.append(entry)
         return eps
 
     def to_json(self) -> dict[str, Any]:
@@ -62,6 +71,7 @@ class Ledger:
             "planned_rounds": self.planned_rounds,
             "dp_event": str(self.spec.round_event()),
             "composition": self.spec.describe_events(),
+            "budget_split": self.budget_split,
             "entries": [dict(e, epsilon=_json_float(e["epsilon"])) for e in self.entries],
         }
 
@@ -71,6 +81,18 @@ class Ledger:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.planned_rounds = int(state["planned_rounds"])
         self.entries = [dict(e) for e in state["entries"]]
+
+
+def check_budget_split(ledger_json: dict[str, Any]) -> float | None:
+    """Recompute the accounted ``z`` from a ledger's budget split (None if it has none):
+    ``(z_Δ^{−2} + k·(2σ_b)^{−2})^{−1/2}``, to compare with ``spec.noise_multiplier``."""
+    split = ledger_json.get("budget_split")
+    if not split:
+        return None
+    from fedsim.privacy.adaptive_clip import combined_noise_multiplier
+
+    return combined_noise_multiplier(split["update_noise_multiplier"], split["count_stddev"],
+                                     split["count_releases_per_user"])
 
 
 def spec_from_ledger(ledger_json: dict[str, Any]) -> AccountingSpec:
