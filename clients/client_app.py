@@ -56,7 +56,12 @@ def train(msg: Message, context: Context) -> Message:
     local = task.local
     if "clip_norm" in cfg:  # this round's c_t (adaptive clipping moves it)
         local = replace(local, clip_norm=float(cfg["clip_norm"]))
-    total, results = train_users(model, x0, data, users, int(cfg["round"]), task.seed, local)
+    d_prev = None
+    if task.disk is not None:  # DiSK: the server sent its previous step d_{t−1}
+        d_prev = torch.from_numpy(np.array(msg.content[protocol.ARRAYS][protocol.DIRECTION].numpy(),
+                                           dtype=np.float32))
+    total, results = train_users(model, x0, data, users, int(cfg["round"]), task.seed, local,
+                                 task.disk, d_prev)
     metrics = MetricRecord({
         "num_users": len(users),
         "user_ids": users,

@@ -201,18 +201,33 @@ class FilterConfig(_Section):
     preset : DOPPLER preset (``first_order_v1`` default; ``momentum``, ``first_order_v2``,
         ``second_order``, ``f1``..``f6``); ignored when ``b`` and ``a`` are given.
     b, a : a custom DOPPLER IIR filter (``a`` without the leading 1): unit DC gain, stable.
-    mode : DiSK mode; the strategy supports ``ema`` (server-side Kalman/EMA) so far.
+    mode : DiSK mode: ``two_point`` (default; faithful: each client trains twice, at ``x_t`` and
+        at ``x_t + γ·d_{t−1}``, and mixes before clipping: 2× client compute, the previous
+        server step on the downlink), ``lookahead`` (one evaluation at ``x_t + γ·d_{t−1}`` with
+        ``γ = (1−κ)/κ``) or ``ema`` (server-side EMA only).
     kappa : EMA / DiSK κ. Default 0.7.
-    gamma : DiSK γ. Default 0.5.
+    gamma : DiSK γ (``two_point``). Default 0.5; ``lookahead`` derives ``γ = (1−κ)/κ`` and
+        refuses another value.
     """
 
     name: Literal["none", "ema", "doppler", "disk"] = "none"
     preset: str = "first_order_v1"
     b: list[float] | None = None
     a: list[float] | None = None
-    mode: Literal["two_point", "lookahead", "ema"] = "ema"
+    mode: Literal["two_point", "lookahead", "ema"] = "two_point"
     kappa: float = Field(default=0.7, gt=0, le=1)
-    gamma: float = Field(default=0.5, gt=0)
+    gamma: float | None = Field(default=None, gt=0, le=100)
+
+    @model_validator(mode="after")
+    def _lookahead_gamma(self) -> "FilterConfig":
+        if self.name == "disk" and self.mode == "lookahead" and self.gamma is not None:
+            want = (1.0 - self.kappa) / self.kappa
+            if abs(self.gamma - want) > 1e-9 * max(1.0, want):
+                raise ValueError(
+                    f"filter.mode = 'lookahead' uses γ = (1−κ)/κ = {want:.6g} (that makes a = 1); "
+                    f"remove filter.gamma or use filter.mode = 'two_point'"
+                )
+        return self
 
 
 class ServerConfig(_Section):
@@ -307,11 +322,6 @@ class Config(_Section):
             raise ValueError(
                 f"filter.name = '{self.filter.name}' already is a momentum (low-pass) filter: do not stack "
                 "server.optimizer = 'momentum' on it; use server.optimizer = 'sgd' (or 'adambc')"
-            )
-        if self.filter.name == "disk" and self.filter.mode != "ema":
-            raise ValueError(
-                f"filter.mode = '{self.filter.mode}' needs the two-point client evaluation, which the "
-                "strategy does not support yet; use filter.mode = 'ema'"
             )
         if self.clipping.adaptive and self.privacy.mechanism == "none":
             raise ValueError("clipping.adaptive = true needs a DP mechanism (its count is noised with a share "

@@ -1,7 +1,8 @@
 """The message protocol between the strategy and the ClientApp (no Flower imports).
 
 Train message (server → node), content records:
-  ``arrays``  ArrayRecord  ``params``: the global model, one flat float32 array
+  ``arrays``  ArrayRecord  ``params``: the global model, one flat float32 array;
+                           ``direction``: DiSK only, the previous server step ``d_{t−1}``
   ``config``  ConfigRecord ``task`` (JSON :class:`Task`), ``round`` (0-based),
                            ``user_ids`` (the users this node must train),
                            ``clip_norm`` (this round's ``c_t``)
@@ -19,12 +20,13 @@ import json
 from dataclasses import asdict, dataclass
 
 from fedsim.data import DataSpec
-from fedsim.training import LocalTraining
+from fedsim.training import DiskClient, LocalTraining
 
 ARRAYS = "arrays"
 CONFIG = "config"
 METRICS = "metrics"
 PARAMS = "params"
+DIRECTION = "direction"
 UPDATE_SUM = "update_sum"
 
 
@@ -39,6 +41,7 @@ class Task:
     local: LocalTraining
     threads: int = 1
     use_gpu: bool = False
+    disk: DiskClient | None = None
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -47,5 +50,6 @@ class Task:
     @classmethod
     def from_json(cls, s: str) -> "Task":
         d = json.loads(s)
+        disk = DiskClient(**d["disk"]) if d.get("disk") else None
         return cls(DataSpec(**d["data"]), d["model"], int(d["model_seed"]), int(d["seed"]),
-                   LocalTraining(**d["local"]), int(d.get("threads", 1)), bool(d.get("use_gpu", False)))
+                   LocalTraining(**d["local"]), int(d.get("threads", 1)), bool(d.get("use_gpu", False)), disk)

@@ -51,6 +51,9 @@ class DPServer:
         self.expected_cohort = int(expected_cohort)
         self.filter = filter
         self.clip_controller = clip_controller
+        #: ``d_{t−1} = x_t − x_{t−1}`` (DiSK's clients evaluate along it); kept when ``track_step``.
+        self.track_step = bool(getattr(filter, "mode", "ema") in ("two_point", "lookahead"))
+        self.last_step = torch.zeros_like(self.params) if self.track_step else None
         if clip_controller is not None:
             self.clip_norm = clip_controller.clip_norm
         self.round = 0  # rounds completed
@@ -76,7 +79,12 @@ class DPServer:
         g_hat = self.noisy_mean(total, t)
         if self.filter is not None:
             g_hat = self.filter.step(g_hat)
-        self.optimizer.step(self.params, g_hat.neg())
+        if self.track_step:
+            before = self.params.clone()
+            self.optimizer.step(self.params, g_hat.neg())
+            self.last_step = self.params - before
+        else:
+            self.optimizer.step(self.params, g_hat.neg())
         eps = self.ledger.record_round(t, realized_cohort, clip_norm=self.clip_norm)
         if self.clip_controller is not None:
             if centred_count is None:
@@ -94,6 +102,7 @@ class DPServer:
             "ledger": self.ledger.state_dict(),
             "filter": None if self.filter is None else self.filter.state_dict(),
             "clip_norm": self.clip_norm,
+            "last_step": None if self.last_step is None else self.last_step.clone(),
             "clip_controller": None if self.clip_controller is None else self.clip_controller.state_dict(),
         }
 
@@ -106,6 +115,8 @@ class DPServer:
         if self.filter is not None:
             self.filter.load_state_dict(state["filter"])
         self.clip_norm = float(state.get("clip_norm", self.clip_norm))
+        if self.track_step:
+            self.last_step = state["last_step"].clone().to(self.params.device)
         if self.clip_controller is not None:
             self.clip_controller.load_state_dict(state["clip_controller"])
 

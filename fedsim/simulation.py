@@ -348,9 +348,14 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
 
     local = LocalTraining(cfg.client.local_epochs, cfg.client.batch_size, cfg.client.lr,
                           cfg.client.max_examples, cfg.client.clip_norm)
+    disk = None
+    if server.track_step:
+        from fedsim.training import DiskClient
+
+        disk = DiskClient(filt.mode, filt.gamma, filt.a)
     task = Task(DataSpec.from_config(cfg.data), cfg.model.name, derive_seed(cfg.seed, "model"), cfg.seed,
                 local, threads=max(1, int(cfg.sim.client_cpus)),
-                use_gpu=cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu")
+                use_gpu=cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu", disk=disk)
     train_costs = np.minimum(data.examples_per_user(), cfg.client.max_examples) * cfg.client.local_epochs
     pop = data.population
     if synthetic is not None:
@@ -410,6 +415,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         eval_max_examples=cfg.eval.max_examples_per_user, round_timeout=cfg.sim.round_timeout,
         min_nodes=n_workers, min_valid_replies=cfg.sim.min_valid_replies, on_round_end=on_round_end,
         synthetic=synthetic)
+    strategy.client_evaluations = 1 if disk is None else disk.evaluations
 
     _quiet_flower()
     from flwr.simulation import run_simulation

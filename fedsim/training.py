@@ -13,6 +13,7 @@ server re-clips the sum of ``m`` users to ``m·c``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,11 +72,14 @@ class UserResult:
     clipped: bool
 
 
-def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: int,
-                   round_index: int, seed: int, spec: LocalTraining) -> tuple[torch.Tensor, UserResult]:
-    """Train ``user`` from the flat parameters ``x0``; return ``(clip(Δ, c), result)``.
+def local_delta(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: int,
+                round_index: int, seed: int, spec: LocalTraining) -> tuple[torch.Tensor, float, int]:
+    """Local SGD for ``user`` from the flat parameters ``x0``; return ``(Δ, mean loss, samples)``
+    with ``Δ = x_local − x0`` (unclipped, on the model's device).
 
-    Training runs on the model's device; the returned update is on the CPU.
+    The samples and their order depend only on ``(seed, round_index, user)``, never on
+    ``x0``: two calls from different starting points see the same batches in the same order
+    (what DiSK's two-point evaluation needs).
     """
     params = list(model.parameters())
     dev = params[0].device
@@ -104,17 +108,82 @@ def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedText, user
             seen += len(yb)
     with torch.no_grad():
         delta = parameters_to_vector(params) - x0
+    return delta, loss_sum / max(steps, 1), seen
+
+
+@dataclass(frozen=True)
+class DiskClient:
+    """DiSK's client side (ALGORITHMS.md section 6): where to evaluate and how to mix.
+
+    Parameters
+    ----------
+    mode : ``two_point`` (local updates at ``x_t`` and at ``y_t = x_t + γ·d_{t−1}``, mixed
+        ``a·Δ' + (1−a)·Δ`` before clipping) or ``lookahead`` (only at ``y_t``; ``a = 1``).
+    gamma : ``γ``, the look-ahead step along the previous server step ``d_{t−1}``.
+    a : the mixing weight ``(1−κ)/(κγ)`` (1 in ``lookahead``).
+    """
+
+    mode: str
+    gamma: float
+    a: float
+
+    @property
+    def evaluations(self) -> int:
+        """Local-training passes per user: 2 for ``two_point``, 1 for ``lookahead``."""
+        return 2 if self.mode == "two_point" else 1
+
+    def update(self, delta_at: Callable[[torch.Tensor], torch.Tensor], x_t: torch.Tensor,
+               d_prev: torch.Tensor) -> torch.Tensor:
+        """The unclipped DiSK update ``v = a·Δ(y_t) + (1−a)·Δ(x_t)``.
+
+        ``delta_at(x)`` runs the user's local training from ``x`` and returns its delta; it
+        must use the same data, order and seed for every starting point.
+        """
+        y_t = x_t + self.gamma * d_prev.to(x_t.device, x_t.dtype)
+        d_y = delta_at(y_t)
+        if self.mode == "lookahead":
+            return d_y
+        d_x = delta_at(x_t)
+        return d_y.mul_(self.a).add_(d_x, alpha=1.0 - self.a)
+
+
+def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: int,
+                   round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
+                   d_prev: torch.Tensor | None = None) -> tuple[torch.Tensor, UserResult]:
+    """Train ``user`` from the flat parameters ``x0``; return ``(clip(Δ, c), result)``.
+
+    With ``disk`` (and the previous server step ``d_prev``), ``Δ`` is DiSK's mixed update
+    (:meth:`DiskClient.update`), clipped after mixing; the reported loss is the one at ``x0``
+    (``two_point``) or at the look-ahead point (``lookahead``).
+    Training runs on the model's device; the returned update is on the CPU.
+    """
+    if disk is None:
+        delta, loss, seen = local_delta(model, x0, data, user, round_index, seed, spec)
+    else:
+        if d_prev is None:
+            raise ValueError("DiSK needs the previous server step d_prev (zeros at round 0)")
+        stats: list[tuple[float, int]] = []
+
+        def delta_at(x: torch.Tensor) -> torch.Tensor:
+            d, lo, n = local_delta(model, x, data, user, round_index, seed, spec)
+            stats.append((lo, n))
+            return d
+
+        delta = disk.update(delta_at, x0.to(next(model.parameters()).device), d_prev)
+        loss, seen = stats[-1]
     clipped, norm = clip_vector(delta, spec.clip_norm)
-    return clipped.cpu(), UserResult(user, loss_sum / max(steps, 1), seen, norm, norm > spec.clip_norm)
+    return clipped.cpu(), UserResult(user, loss, seen, norm, norm > spec.clip_norm)
 
 
 def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedText, users: list[int],
-                round_index: int, seed: int, spec: LocalTraining) -> tuple[torch.Tensor, list[UserResult]]:
-    """Train each user from ``x0``; return the running sum of their clipped deltas and their results."""
+                round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
+                d_prev: torch.Tensor | None = None) -> tuple[torch.Tensor, list[UserResult]]:
+    """Train each user from ``x0``; return the running sum of their clipped deltas and their results.
+    ``disk``/``d_prev``: DiSK's client evaluation (:func:`train_one_user`)."""
     total = torch.zeros_like(x0)
     results = []
     for u in users:
-        clipped, res = train_one_user(model, x0, data, u, round_index, seed, spec)
+        clipped, res = train_one_user(model, x0, data, u, round_index, seed, spec, disk, d_prev)
         total.add_(clipped)
         results.append(res)
     return total, results

@@ -81,6 +81,8 @@ class UserLevelDPStrategy(Strategy):
         self.min_nodes = int(min_nodes)
         self.min_valid_replies = int(min_valid_replies)
         self.synthetic = synthetic
+        #: local-training passes per user (2 for DiSK two_point): recorded in every metrics row.
+        self.client_evaluations = 1
         self.aggregator = UpdateAggregator(server.params.numel(), server.clip_norm, server.params.device)
         self._assigned: dict[int, list[int]] = {}
         self._cohort: list[int] = []
@@ -102,6 +104,11 @@ class UserLevelDPStrategy(Strategy):
         shares = assign_users(real, self.train_costs, len(nodes))
         self._assigned = {}
         self.aggregator.clip_norm = self.server.clip_norm  # c_t (moves with adaptive clipping)
+        if self.server.track_step:  # DiSK: clients also need the previous server step d_{t−1}
+            arrays = ArrayRecord({
+                protocol.PARAMS: Array(self.server.params.detach().cpu().numpy()),
+                protocol.DIRECTION: Array(self.server.last_step.detach().cpu().numpy()),
+            })
         messages = []
         for node, users in zip(nodes, shares):
             if not users:
@@ -192,6 +199,7 @@ class UserLevelDPStrategy(Strategy):
             "server_reclipped": agg.server_clipped,
             "clipped_fraction": clipped / agg.accepted_users if agg.accepted_users else None,
             "clip_norm": c_t,
+            "client_evaluations_per_user": self.client_evaluations,
             "unclipped_fraction_noisy": (None if self.server.clip_controller is None
                                          else self.server.clip_controller.last_fraction),
             "train_examples": examples,

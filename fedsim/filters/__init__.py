@@ -36,7 +36,7 @@ def make_filter(name: str, **params: Any) -> Filter:
         - ``ema``: ``kappa`` (default 0.7).
         - ``doppler``: ``preset`` (default ``first_order_v1``), or ``b`` and ``a``
           (``a`` without the leading 1).
-        - ``disk``: ``mode`` (``ema`` default, ``two_point``, ``lookahead``), ``kappa``
+        - ``disk``: ``mode`` (``two_point`` default, ``lookahead``, ``ema``), ``kappa``
           (0.7), ``gamma`` (0.5; derived as ``(1−κ)/κ`` in ``lookahead``).
 
     Returns

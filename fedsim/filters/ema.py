@@ -102,7 +102,8 @@ class DiskFilter(EMAFilter):
     ----------
     mode : ``two_point`` (faithful: clients evaluate at ``x_t`` and ``x_t + γ·d_{t−1}`` and
         send ``clip(a·Δ' + (1−a)·Δ)``), ``lookahead`` (single evaluation at
-        ``y_t = x_t + γ·d_{t−1}``, ``a = 1``) or ``ema`` (server EMA only). Default ``ema``.
+        ``y_t = x_t + γ·d_{t−1}``, ``a = 1``) or ``ema`` (server EMA only). Default
+        ``two_point``. The server side (this filter's ``step``) is the same EMA in every mode.
     kappa : κ in ``(0, 1]``. Default 0.7.
     gamma : γ > 0, the look-ahead step. Default 0.5. In ``lookahead`` mode γ is always
         derived as ``(1−κ)/κ`` (that is what makes ``a = 1``) and the given value is
@@ -120,7 +121,7 @@ class DiskFilter(EMAFilter):
 
     name = "disk"
 
-    def __init__(self, mode: str = "ema", kappa: float = DEFAULT_KAPPA, gamma: float | None = DEFAULT_GAMMA) -> None:
+    def __init__(self, mode: str = "two_point", kappa: float = DEFAULT_KAPPA, gamma: float | None = DEFAULT_GAMMA) -> None:
         super().__init__(kappa)
         if mode not in DISK_MODES:
             raise FedsimError(f"filter.mode = {mode!r} is unknown; use one of {', '.join(DISK_MODES)}")
