@@ -20,7 +20,7 @@ from flwr.clientapp import ClientApp
 from fedsim import protocol
 from fedsim.data import load_federated
 from fedsim.models import make_model
-from fedsim.training import evaluate_users, train_users
+from fedsim.training import evaluate_users, train_users, train_users_ef
 
 app = ClientApp()
 
@@ -60,8 +60,24 @@ def train(msg: Message, context: Context) -> Message:
     if task.disk is not None:  # DiSK: the server sent its previous step d_{t−1}
         d_prev = torch.from_numpy(np.array(msg.content[protocol.ARRAYS][protocol.DIRECTION].numpy(),
                                            dtype=np.float32))
-    total, results = train_users(model, x0, data, users, int(cfg["round"]), task.seed, local,
-                                 task.disk, d_prev)
+    arrays = {}
+    records = {}
+    if task.error_feedback == "none":
+        total, results = train_users(model, x0, data, users, int(cfg["round"]), task.seed, local,
+                                     task.disk, d_prev)
+    else:
+        states = None
+        if task.error_feedback == "client":
+            rec = msg.content.array_records[protocol.CLIENT_STATE]
+            states = {u: torch.from_numpy(np.array(rec[protocol.state_key(u)].numpy(), dtype=np.float32))
+                      for u in users}
+        total, results, extra = train_users_ef(model, x0, data, users, int(cfg["round"]), task.seed, local,
+                                               task.error_feedback, task.ef_clip, states, task.disk, d_prev)
+        if task.error_feedback == "client":
+            records[protocol.CLIENT_STATE] = ArrayRecord(
+                {protocol.state_key(u): Array(e.numpy()) for u, e in extra.items()})
+        else:
+            arrays[protocol.RESIDUAL_SUM] = Array(extra.numpy())
     metrics = MetricRecord({
         "num_users": len(users),
         "user_ids": users,
@@ -70,8 +86,9 @@ def train(msg: Message, context: Context) -> Message:
         "num_clipped": int(sum(r.clipped for r in results)),
     })
     content = RecordDict({
-        protocol.ARRAYS: ArrayRecord({protocol.UPDATE_SUM: Array(total.numpy())}),
+        protocol.ARRAYS: ArrayRecord({protocol.UPDATE_SUM: Array(total.numpy()), **arrays}),
         protocol.METRICS: metrics,
+        **records,
     })
     return Message(content=content, reply_to=msg)
 

@@ -1,6 +1,7 @@
 """Server-side guard and running sum of client replies (ALGORITHMS.md section 1, step 2–3).
 
-Each reply carries the sum of the clipped updates of the ``m`` users the server
+A reply whose error-feedback payload (client states or residual sum) is missing or
+malformed is dropped as ``bad_state``. Each reply carries the sum of the clipped updates of the ``m`` users the server
 assigned to that node. The server never trusts it: a reply that is missing, not a
 floating-point vector of length ``d``, or not finite is dropped and counted; a
 reply whose norm exceeds ``m·c`` is re-clipped to ``m·c``. Only a running sum is
@@ -18,7 +19,8 @@ import torch
 from fedsim.privacy.clipping import clip_vector
 
 #: Drop reasons counted in ``metrics.jsonl``.
-DROP_REASONS = ("client_error", "missing", "dtype", "shape", "nonfinite", "unexpected_users", "stale")
+DROP_REASONS = ("client_error", "missing", "dtype", "shape", "nonfinite", "unexpected_users", "stale",
+                "bad_state")
 
 
 class UpdateAggregator:

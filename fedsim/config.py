@@ -76,6 +76,16 @@ class ClientConfig(_Section):
     clip_norm : ``c``, L2 bound on each user's flattened model delta. Default 1.0.
     max_examples : at most this many training samples per user per epoch, drawn
         without replacement with a seed derived from (seed, round, user). Default 64.
+    error_feedback : clipping error feedback (DiceSGD; ALGORITHMS.md section 8): ``none``
+        (default), ``client`` (each user keeps its clipping error across participations and
+        sends ``clip(Δ, c₁) + clip(e, c₂)``; the noise then scales with ``c₁ + c₂``) or
+        ``server`` (EXPERIMENTAL: the paper's Algorithm 2; residuals reach the server
+        unclipped and ε rests on an unverified theorem; Gaussian noise with Poisson sampling
+        at ``q ≤ 1/5`` only).
+    ef_clip_norm : ``c₂``, clip norm of the fed-back error; default ``clip_norm`` (``c₁``);
+        must be ``≥ c₁`` (the bias-free fixed point needs it).
+    error_feedback_memory_mb : ``client`` error feedback keeps one vector per user; runs whose
+        worst case (``N·d`` float32) exceeds this many MiB are refused. Default 2048.
     """
 
     local_epochs: int = Field(default=1, ge=1, le=1000)
@@ -83,6 +93,23 @@ class ClientConfig(_Section):
     lr: float = Field(default=1.0, gt=0)
     clip_norm: float = Field(default=1.0, gt=0)
     max_examples: int = Field(default=64, ge=1)
+    error_feedback: Literal["none", "client", "server"] = "none"
+    ef_clip_norm: float | None = Field(default=None, gt=0)
+    error_feedback_memory_mb: float = Field(default=2048.0, gt=0)
+
+    @model_validator(mode="after")
+    def _c2_at_least_c1(self) -> "ClientConfig":
+        if self.ef_clip_norm is not None and self.ef_clip_norm < self.clip_norm:
+            raise ValueError(
+                f"client.ef_clip_norm = {self.ef_clip_norm} is below client.clip_norm = {self.clip_norm}; "
+                "error feedback needs c₂ ≥ c₁ for its bias-free fixed point (omit it for c₂ = c₁)"
+            )
+        return self
+
+    @property
+    def c2(self) -> float:
+        """``c₂`` resolved (default ``c₁``)."""
+        return self.ef_clip_norm if self.ef_clip_norm is not None else self.clip_norm
 
 
 class ClippingConfig(_Section):
@@ -323,6 +350,19 @@ class Config(_Section):
                 f"filter.name = '{self.filter.name}' already is a momentum (low-pass) filter: do not stack "
                 "server.optimizer = 'momentum' on it; use server.optimizer = 'sgd' (or 'adambc')"
             )
+        ef = self.client.error_feedback
+        if ef != "none" and self.clipping.adaptive:
+            raise ValueError(f"client.error_feedback = '{ef}' with clipping.adaptive = true is not supported "
+                             "(both move the clip bound); turn one of them off")
+        if ef == "server" and self.privacy.mechanism not in ("gaussian", "none"):
+            raise ValueError(
+                "client.error_feedback = 'server' is experimental and refused with matrix-factorization "
+                f"noise (privacy.mechanism = '{self.privacy.mechanism}'); use client.error_feedback = "
+                "'client' or privacy.mechanism = 'gaussian'"
+            )
+        if ef == "server" and self.privacy.mechanism == "gaussian" and self.sampling.scheme != "poisson":
+            raise ValueError("client.error_feedback = 'server' rests on DiceSGD's theorem for Poisson "
+                             "sampling: set sampling.scheme = 'poisson'")
         if self.clipping.adaptive and self.privacy.mechanism == "none":
             raise ValueError("clipping.adaptive = true needs a DP mechanism (its count is noised with a share "
                              "of the budget); set privacy.mechanism or clipping.adaptive = false")
@@ -336,6 +376,12 @@ class Config(_Section):
         """Checks that need the population ``N``; raise before the run starts."""
         if population < 2:
             raise FedsimError(f"data: the dataset has {population} users; at least 2 are needed")
+        if (self.client.error_feedback == "server" and self.privacy.mechanism == "gaussian"
+                and self.sampling.cohort_size / population > 0.2):
+            raise FedsimError(
+                f"client.error_feedback = 'server': DiceSGD's theorem needs q = K̄/N ≤ 1/5, here "
+                f"{self.sampling.cohort_size}/{population}; lower sampling.cohort_size"
+            )
         if self.sampling.cohort_size > population:
             raise FedsimError(
                 f"sampling.cohort_size = {self.sampling.cohort_size} exceeds the population "

@@ -6,8 +6,11 @@ Train message (server → node), content records:
   ``config``  ConfigRecord ``task`` (JSON :class:`Task`), ``round`` (0-based),
                            ``user_ids`` (the users this node must train),
                            ``clip_norm`` (this round's ``c_t``)
+  ``client_state`` ArrayRecord  client error feedback only: ``e_<user>`` per user
 Train reply (node → server):
-  ``arrays``  ArrayRecord  ``update_sum``: Σ clip(Δ_i, c) over those users, flat float32
+  ``arrays``  ArrayRecord  ``update_sum``: Σ clip(Δ_i, c) over those users, flat float32;
+                           ``residual_sum``: server error feedback only, Σ(Δ_i − clip(Δ_i, c₁))
+  ``client_state`` ArrayRecord  client error feedback only: the users' new ``e_<user>``
   ``metrics`` MetricRecord ``num_users``, ``user_ids``, ``user_loss``,
                            ``user_examples``, ``num_clipped``
 Evaluate message: ``params``, ``task``, ``user_ids``, ``max_examples``;
@@ -27,6 +30,13 @@ CONFIG = "config"
 METRICS = "metrics"
 PARAMS = "params"
 DIRECTION = "direction"
+RESIDUAL_SUM = "residual_sum"
+CLIENT_STATE = "client_state"
+
+
+def state_key(user: int) -> str:
+    """Key of user ``user``'s error state in the ``client_state`` record."""
+    return f"e_{int(user)}"
 UPDATE_SUM = "update_sum"
 
 
@@ -42,6 +52,8 @@ class Task:
     threads: int = 1
     use_gpu: bool = False
     disk: DiskClient | None = None
+    error_feedback: str = "none"
+    ef_clip: float = 0.0
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -52,4 +64,5 @@ class Task:
         d = json.loads(s)
         disk = DiskClient(**d["disk"]) if d.get("disk") else None
         return cls(DataSpec(**d["data"]), d["model"], int(d["model_seed"]), int(d["seed"]),
-                   LocalTraining(**d["local"]), int(d.get("threads", 1)), bool(d.get("use_gpu", False)), disk)
+                   LocalTraining(**d["local"]), int(d.get("threads", 1)), bool(d.get("use_gpu", False)), disk,
+                   str(d.get("error_feedback", "none")), float(d.get("ef_clip", 0.0)))

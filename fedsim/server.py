@@ -37,11 +37,14 @@ class DPServer:
     clip_controller : optional :class:`~fedsim.privacy.adaptive_clip.AdaptiveClip`; then
         ``clip_norm`` is ``c_t`` of the current round and moves after every step, and
         ``noise_multiplier`` is the update's share ``z_Δ``.
+    error_feedback : optional :class:`~fedsim.error_feedback.ServerErrorFeedback` (experimental):
+        ``ĝ_t = (U_t + noise)/K̄ + clip(e_t, c₂)``, then ``e_{t+1} = e_t − clip(e_t, c₂) + R_t/K̄``
+        with ``R_t`` the summed residuals.
     """
 
     def __init__(self, params: torch.Tensor, noise: NoiseMechanism, optimizer: ServerOptimizer,
                  ledger: Ledger, clip_norm: float, noise_multiplier: float, expected_cohort: int,
-                 filter: Any = None, clip_controller: Any = None) -> None:
+                 filter: Any = None, clip_controller: Any = None, error_feedback: Any = None) -> None:
         self.params = params.detach().clone().to(torch.float32)
         self.noise = noise
         self.optimizer = optimizer
@@ -51,6 +54,7 @@ class DPServer:
         self.expected_cohort = int(expected_cohort)
         self.filter = filter
         self.clip_controller = clip_controller
+        self.error_feedback = error_feedback
         #: ``d_{t−1} = x_t − x_{t−1}`` (DiSK's clients evaluate along it); kept when ``track_step``.
         self.track_step = bool(getattr(filter, "mode", "ema") in ("two_point", "lookahead"))
         self.last_step = torch.zeros_like(self.params) if self.track_step else None
@@ -70,13 +74,21 @@ class DPServer:
             g.add_(self.noise.row(t).to(g.device), alpha=self.noise_std)
         return g.div_(self.expected_cohort)
 
-    def step(self, total: torch.Tensor, realized_cohort: int, centred_count: float | None = None) -> float:
+    def step(self, total: torch.Tensor, realized_cohort: int, centred_count: float | None = None,
+             residual_sum: torch.Tensor | None = None) -> float:
         """Finish round ``self.round``: noise, optimizer step, ledger. Returns ε so far.
 
-        ``centred_count`` is ``Σ(b_i − ½)`` over the accepted users (adaptive clipping only).
+        ``centred_count`` is ``Σ(b_i − ½)`` over the accepted users (adaptive clipping only);
+        ``residual_sum`` is ``Σ(Δ_i − clip(Δ_i, c₁))`` (server error feedback only).
         """
         t = self.round
         g_hat = self.noisy_mean(total, t)
+        if self.error_feedback is not None:
+            if residual_sum is None:
+                raise ValueError("server error feedback needs the residual sum")
+            fed = self.error_feedback.feedback()
+            g_hat.add_(fed.to(g_hat.device))
+            self.error_feedback.step(fed, residual_sum.to(self.params.device) / self.expected_cohort)
         if self.filter is not None:
             g_hat = self.filter.step(g_hat)
         if self.track_step:
@@ -102,6 +114,7 @@ class DPServer:
             "ledger": self.ledger.state_dict(),
             "filter": None if self.filter is None else self.filter.state_dict(),
             "clip_norm": self.clip_norm,
+            "error_feedback": None if self.error_feedback is None else self.error_feedback.state_dict(),
             "last_step": None if self.last_step is None else self.last_step.clone(),
             "clip_controller": None if self.clip_controller is None else self.clip_controller.state_dict(),
         }
@@ -115,6 +128,8 @@ class DPServer:
         if self.filter is not None:
             self.filter.load_state_dict(state["filter"])
         self.clip_norm = float(state.get("clip_norm", self.clip_norm))
+        if self.error_feedback is not None:
+            self.error_feedback.load_state_dict(state["error_feedback"])
         if self.track_step:
             self.last_step = state["last_step"].clone().to(self.params.device)
         if self.clip_controller is not None:

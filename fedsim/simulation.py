@@ -193,6 +193,10 @@ def prepare(cfg: Config, extra_users: int = 0) -> Prepared:
                        tree_estimator=p.tree_estimator)
     model = make_model(cfg.model.name, data.vocab_size, seed=derive_seed(cfg.seed, "model"))
     x0 = parameters_to_vector(model.parameters()).detach().to(torch.float32)
+    if cfg.client.error_feedback == "client":
+        from fedsim.error_feedback import check_memory
+
+        check_memory(data.population, x0.numel(), cfg.client.error_feedback_memory_mb)
     return Prepared(cfg, data, spec, scheme, plan, x0, num_parameters(model), z_update, split)
 
 
@@ -328,7 +332,20 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     z_eff = prep.update_noise_multiplier
     filt = make_server_filter(cfg)
     clip_ctl = None
-    noise_std: Any = cfg.client.clip_norm * z_eff * noise.sensitivity
+    server_ef = None
+    ef = cfg.client.error_feedback
+    c1, c2 = cfg.client.clip_norm, cfg.client.c2
+    # The norm the noise scales with: c₁ + c₂ bounds a client-EF message; the server variant
+    # uses the DiceSGD theorem's √(c₁² + 2c₂²).
+    server_clip = c1
+    if ef == "client":
+        server_clip = c1 + c2
+    elif ef == "server":
+        from fedsim.error_feedback import ServerErrorFeedback, server_noise_norm
+
+        server_clip = server_noise_norm(c1, c2)
+        server_ef = ServerErrorFeedback(prep.num_params, c2, device)
+    noise_std: Any = server_clip * z_eff * noise.sensitivity
     if prep.budget_split is not None:
         from fedsim.privacy.adaptive_clip import AdaptiveClip
 
@@ -339,9 +356,15 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         def noise_std(tau: int, _c=clip_ctl, _s=z_eff * noise.sensitivity) -> float:
             return (_c.history + [_c.clip_norm])[tau] * _s
     optimizer = make_server_optimizer(cfg, noise_std=noise_std, plan=prep.plan, filt=filt)
-    ledger = Ledger(spec, cfg.rounds, budget_split=prep.budget_split)
-    server = DPServer(prep.x0.to(device), noise, optimizer, ledger, cfg.client.clip_norm,
-                      z_eff, cfg.sampling.cohort_size, filter=filt, clip_controller=clip_ctl)
+    notes = []
+    if ef == "server":
+        from fedsim.error_feedback import SERVER_EF_LABEL
+
+        notes.append(SERVER_EF_LABEL)
+    ledger = Ledger(spec, cfg.rounds, budget_split=prep.budget_split, notes=notes)
+    server = DPServer(prep.x0.to(device), noise, optimizer, ledger, server_clip,
+                      z_eff, cfg.sampling.cohort_size, filter=filt, clip_controller=clip_ctl,
+                      error_feedback=server_ef)
     sampler = make_sampler(prep.scheme, derive_seed(cfg.seed, "sampler-base"))
 
     from fedsim.protocol import Task
@@ -355,7 +378,13 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         disk = DiskClient(filt.mode, filt.gamma, filt.a)
     task = Task(DataSpec.from_config(cfg.data), cfg.model.name, derive_seed(cfg.seed, "model"), cfg.seed,
                 local, threads=max(1, int(cfg.sim.client_cpus)),
-                use_gpu=cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu", disk=disk)
+                use_gpu=cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu", disk=disk,
+                error_feedback=ef, ef_clip=c2 if ef != "none" else 0.0)
+    client_store = None
+    if ef == "client":
+        from fedsim.error_feedback import ClientStateStore
+
+        client_store = ClientStateStore(prep.num_params, data.population, cfg.client.error_feedback_memory_mb)
     train_costs = np.minimum(data.examples_per_user(), cfg.client.max_examples) * cfg.client.local_epochs
     pop = data.population
     if synthetic is not None:
@@ -372,6 +401,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     if resume:
         server.load_state_dict(ckpt["server"])
         sampler.load_state_dict(ckpt["sampler"])
+        if client_store is not None:
+            client_store.load_state_dict(ckpt["client_state"])
         done = int(ckpt["metrics_rows"])
         if done != server.round:
             raise FedsimError(f"checkpoint in {out} is inconsistent (rows {done}, round {server.round})")
@@ -398,6 +429,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
                 "format": "fedsim.checkpoint/1",
                 "server": server.state_dict(),
                 "sampler": sampler.state_dict(),
+                "client_state": None if client_store is None else client_store.state_dict(),
                 "metrics_rows": r,
                 "config": resolved.model_dump(mode="json"),
             })
@@ -416,6 +448,9 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         min_nodes=n_workers, min_valid_replies=cfg.sim.min_valid_replies, on_round_end=on_round_end,
         synthetic=synthetic)
     strategy.client_evaluations = 1 if disk is None else disk.evaluations
+    strategy.ef_mode = ef
+    strategy.client_store = client_store
+    strategy.update_clip = c1 if ef == "server" else None
 
     _quiet_flower()
     from flwr.simulation import run_simulation
@@ -435,6 +470,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         print(f"fedsim: {cfg.name}: {pop} users, {prep.num_params:,} parameters, {cfg.rounds} rounds, "
               f"{spec.mechanism} noise z = {spec.noise_multiplier:.4g}, δ = {spec.delta:.3g}, "
               f"{n_workers} Ray workers → {out}", flush=True)
+        for note in notes:
+            print(f"fedsim: {note}", flush=True)
     try:
         run_simulation(server_app=make_server_app(strategy), client_app=client_app,
                        num_supernodes=n_workers, backend_config=backend_config)
@@ -455,6 +492,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         "noise_multiplier": spec.noise_multiplier,
         "update_noise_multiplier": z_eff,
         "final_clip_norm": server.clip_norm,
+        "error_feedback": ef,
+        "notes": notes,
         "mechanism": spec.mechanism,
         "scheme": spec.scheme,
         "sensitivity": noise.sensitivity,

@@ -147,30 +147,38 @@ class DiskClient:
         return d_y.mul_(self.a).add_(d_x, alpha=1.0 - self.a)
 
 
+def user_delta(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: int,
+               round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
+               d_prev: torch.Tensor | None = None) -> tuple[torch.Tensor, float, int]:
+    """The user's unclipped update from ``x0``: ``(Δ, loss, samples)``.
+
+    With ``disk`` (and the previous server step ``d_prev``), ``Δ`` is DiSK's mixed update
+    (:meth:`DiskClient.update`); the reported loss is the one at ``x0`` (``two_point``) or
+    at the look-ahead point (``lookahead``).
+    """
+    if disk is None:
+        return local_delta(model, x0, data, user, round_index, seed, spec)
+    if d_prev is None:
+        raise ValueError("DiSK needs the previous server step d_prev (zeros at round 0)")
+    stats: list[tuple[float, int]] = []
+
+    def delta_at(x: torch.Tensor) -> torch.Tensor:
+        d, lo, n = local_delta(model, x, data, user, round_index, seed, spec)
+        stats.append((lo, n))
+        return d
+
+    delta = disk.update(delta_at, x0.to(next(model.parameters()).device), d_prev)
+    return delta, stats[-1][0], stats[-1][1]
+
+
 def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: int,
                    round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
                    d_prev: torch.Tensor | None = None) -> tuple[torch.Tensor, UserResult]:
-    """Train ``user`` from the flat parameters ``x0``; return ``(clip(Δ, c), result)``.
-
-    With ``disk`` (and the previous server step ``d_prev``), ``Δ`` is DiSK's mixed update
-    (:meth:`DiskClient.update`), clipped after mixing; the reported loss is the one at ``x0``
-    (``two_point``) or at the look-ahead point (``lookahead``).
+    """Train ``user`` from the flat parameters ``x0``; return ``(clip(Δ, c), result)``
+    (``Δ`` from :func:`user_delta`, clipped after any DiSK mixing).
     Training runs on the model's device; the returned update is on the CPU.
     """
-    if disk is None:
-        delta, loss, seen = local_delta(model, x0, data, user, round_index, seed, spec)
-    else:
-        if d_prev is None:
-            raise ValueError("DiSK needs the previous server step d_prev (zeros at round 0)")
-        stats: list[tuple[float, int]] = []
-
-        def delta_at(x: torch.Tensor) -> torch.Tensor:
-            d, lo, n = local_delta(model, x, data, user, round_index, seed, spec)
-            stats.append((lo, n))
-            return d
-
-        delta = disk.update(delta_at, x0.to(next(model.parameters()).device), d_prev)
-        loss, seen = stats[-1]
+    delta, loss, seen = user_delta(model, x0, data, user, round_index, seed, spec, disk, d_prev)
     clipped, norm = clip_vector(delta, spec.clip_norm)
     return clipped.cpu(), UserResult(user, loss, seen, norm, norm > spec.clip_norm)
 
@@ -187,6 +195,44 @@ def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedText, users: 
         total.add_(clipped)
         results.append(res)
     return total, results
+
+
+def train_users_ef(model: nn.Module, x0: torch.Tensor, data: FederatedText, users: list[int],
+                   round_index: int, seed: int, spec: LocalTraining, mode: str, ef_clip: float,
+                   states: dict[int, torch.Tensor] | None = None, disk: DiskClient | None = None,
+                   d_prev: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, list[UserResult], dict[int, torch.Tensor] | torch.Tensor]:
+    """Train users with clipping error feedback (:mod:`fedsim.error_feedback`).
+
+    Parameters
+    ----------
+    mode : ``client`` (send ``clip(Δ, c₁) + clip(e_i, c₂)``, return the new ``e_i``) or
+        ``server`` (send ``clip(Δ, c₁)``, return the summed residuals ``Σ(Δ − clip(Δ, c₁))``).
+    ef_clip : ``c₂``; ``spec.clip_norm`` is ``c₁``.
+    states : ``client`` mode: each user's ``e_i`` (flat, CPU).
+
+    Returns ``(Σ u_i, results, new states | residual sum)``; all on the CPU.
+    """
+    from fedsim.error_feedback import client_ef_update
+
+    total = torch.zeros_like(x0)
+    results = []
+    extra: dict[int, torch.Tensor] | torch.Tensor = {} if mode == "client" else torch.zeros_like(x0)
+    for u in users:
+        delta, loss, seen = user_delta(model, x0, data, u, round_index, seed, spec, disk, d_prev)
+        delta = delta.cpu()
+        if mode == "client":
+            assert states is not None and isinstance(extra, dict)
+            upd, extra[u], norm = client_ef_update(delta, states[u], spec.clip_norm, ef_clip)
+        elif mode == "server":
+            upd, norm = clip_vector(delta, spec.clip_norm)
+            assert isinstance(extra, torch.Tensor)
+            extra.add_(delta - upd)
+        else:
+            raise ValueError(f"error feedback mode {mode!r}")
+        total.add_(upd)
+        results.append(UserResult(u, loss, seen, norm, norm > spec.clip_norm))
+    return total, results, extra
 
 
 @torch.no_grad()

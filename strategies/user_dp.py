@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -83,6 +84,13 @@ class UserLevelDPStrategy(Strategy):
         self.synthetic = synthetic
         #: local-training passes per user (2 for DiSK two_point): recorded in every metrics row.
         self.client_evaluations = 1
+        #: clipping error feedback: ``none`` | ``client`` (users' states in ``client_store``,
+        #: sent down and back with each message) | ``server`` (replies carry residual sums).
+        self.ef_mode = "none"
+        self.client_store: Any = None
+        #: per-user bound of the replies when it differs from the noise's ``server.clip_norm``
+        #: (server error feedback: replies are bounded by ``c₁``, the noise scales with another norm).
+        self.update_clip: float | None = None
         self.aggregator = UpdateAggregator(server.params.numel(), server.clip_norm, server.params.device)
         self._assigned: dict[int, list[int]] = {}
         self._cohort: list[int] = []
@@ -103,7 +111,8 @@ class UserLevelDPStrategy(Strategy):
         nodes = sorted(grid.get_node_ids())
         shares = assign_users(real, self.train_costs, len(nodes))
         self._assigned = {}
-        self.aggregator.clip_norm = self.server.clip_norm  # c_t (moves with adaptive clipping)
+        # c_t (moves with adaptive clipping); c₁ + c₂ with client error feedback; c₁ with server EF.
+        self.aggregator.clip_norm = self.update_clip if self.update_clip is not None else self.server.clip_norm
         if self.server.track_step:  # DiSK: clients also need the previous server step d_{t−1}
             arrays = ArrayRecord({
                 protocol.PARAMS: Array(self.server.params.detach().cpu().numpy()),
@@ -114,10 +123,14 @@ class UserLevelDPStrategy(Strategy):
             if not users:
                 continue
             self._assigned[node] = users
-            cfg = ConfigRecord({"task": self.task_json, "round": t, "user_ids": users,
-                                "clip_norm": float(self.server.clip_norm)})
-            messages.append(Message(RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: cfg}),
-                                    dst_node_id=node, message_type=MessageType.TRAIN,
+            cfg = ConfigRecord({"task": self.task_json, "round": t, "user_ids": users})
+            if self.server.clip_controller is not None:
+                cfg["clip_norm"] = float(self.server.clip_norm)
+            content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: cfg})
+            if self.ef_mode == "client":  # the simulator hands each user its error state
+                content[protocol.CLIENT_STATE] = ArrayRecord(
+                    {protocol.state_key(u): Array(self.client_store.get(u)) for u in users})
+            messages.append(Message(content, dst_node_id=node, message_type=MessageType.TRAIN,
                                     group_id=f"train-{t}"))
         return messages
 
@@ -130,6 +143,23 @@ class UserLevelDPStrategy(Strategy):
             return rec[protocol.UPDATE_SUM].numpy()
         except Exception:  # undecodable array: treat as a wrong dtype
             return np.array(["undecodable"])
+
+    def _extract_ef(self, msg: Message, users: list[int]) -> Any:
+        """The reply's error-feedback payload, validated (None = malformed: drop the reply).
+        ``client``: {user: new e_i}; ``server``: the residual sum; otherwise an empty dict."""
+        if self.ef_mode == "none":
+            return {}
+        try:
+            if self.ef_mode == "client":
+                rec = msg.content.array_records.get(protocol.CLIENT_STATE)
+                out = {u: rec[protocol.state_key(u)].numpy() for u in users}
+                return out if all(self.client_store.valid(v) for v in out.values()) else None
+            r = msg.content.array_records[protocol.ARRAYS][protocol.RESIDUAL_SUM].numpy()
+            ok = (r.shape == (self.aggregator.dim,) and np.issubdtype(r.dtype, np.floating)
+                  and bool(np.all(np.isfinite(r))))
+            return r.astype(np.float32) if ok else None
+        except Exception:  # missing or undecodable payload
+            return None
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -159,11 +189,21 @@ class UserLevelDPStrategy(Strategy):
             if reported is None or [int(u) for u in reported] != users:
                 agg.drop("unexpected_users", len(users))
                 continue
-            valid.append((users, self._extract_update(msg), metrics))
+            valid.append((users, self._extract_update(msg), metrics, msg))
         # Sum in a canonical order (by assigned users), not arrival order: float32 addition
         # is not associative, and runs (and resumed runs) must be bit-identical.
-        for users, update, metrics in sorted(valid, key=lambda v: v[0]):
+        residual = None
+        for users, update, metrics, msg in sorted(valid, key=lambda v: v[0]):
+            extra = self._extract_ef(msg, users)
+            if extra is None:
+                agg.drop("bad_state", len(users))
+                continue
             if agg.add(update, len(users)) is None:
+                if self.ef_mode == "client":
+                    for u, e in extra.items():
+                        self.client_store.put(u, e)
+                elif self.ef_mode == "server":
+                    residual = extra if residual is None else residual + extra
                 losses.extend(float(v) for v in metrics.get("user_loss", []))
                 examples += int(sum(metrics.get("user_examples", [])))
                 m = len(users)
@@ -187,7 +227,10 @@ class UserLevelDPStrategy(Strategy):
                                                  agg.dim).numpy(), len(ids)) is None:
                 centred += len(ids) / 2.0  # canaries' updates have norm c: they fit
         c_t = self.server.clip_norm
-        eps = self.server.step(agg.total, realized_cohort=len(self._cohort), centred_count=centred)
+        if self.ef_mode == "server" and residual is None:
+            residual = np.zeros(agg.dim, dtype=np.float32)
+        eps = self.server.step(agg.total, realized_cohort=len(self._cohort), centred_count=centred,
+                               residual_sum=None if residual is None else torch.from_numpy(residual))
         self._last_train = {
             "epsilon": eps,
             "train_loss": float(np.mean(losses)) if losses else None,

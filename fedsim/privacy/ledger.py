@@ -29,11 +29,14 @@ class Ledger:
     budget_split : how ``z`` is shared when a second query (adaptive clipping's count)
         spends part of it: ``{"update_noise_multiplier", "count_stddev", ...}``; recorded so
         that ``z`` can be recomputed from its parts (:func:`check_budget_split`).
+    notes : caveats that must travel with every ε of this run (e.g. the experimental label
+        of server-side error feedback).
     """
 
     def __init__(self, spec: AccountingSpec, planned_rounds: int,
-                 budget_split: dict[str, Any] | None = None) -> None:
+                 budget_split: dict[str, Any] | None = None, notes: list[str] | None = None) -> None:
         self.spec = spec
+        self.notes = list(notes or [])
         self.planned_rounds = planned_rounds
         self.budget_split = budget_split
         self.entries: list[dict[str, Any]] = []
@@ -72,6 +75,7 @@ class Ledger:
             "dp_event": str(self.spec.round_event()),
             "composition": self.spec.describe_events(),
             "budget_split": self.budget_split,
+            "notes": self.notes,
             "entries": [dict(e, epsilon=_json_float(e["epsilon"])) for e in self.entries],
         }
 
