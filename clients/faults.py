@@ -9,31 +9,44 @@ update with a fault of that kind:
 - ``huge``:  the update rescaled to L2 norm 1e6
 - ``error``: an exception inside the ClientApp (Flower turns it into an error reply)
 - ``users``: a reply that claims other user ids than the ones assigned
+- ``dtype``: the update as int32
+- ``noarrays``: a reply without the arrays record
+- ``slow``:  in round :data:`SLOW_ROUND` only, the reply comes :data:`SLOW_SECONDS` late
+  (past a short ``sim.round_timeout``)
 
 Used by the tests to check that the server drops, counts or re-clips each kind.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.client_app import evaluate, train
 from fedsim import protocol
 
-FAULT_KINDS = ("nan", "shape", "huge", "error", "users")
+FAULT_KINDS = ("nan", "shape", "huge", "error", "users", "dtype", "noarrays", "slow")
+SLOW_ROUND = 1
+SLOW_SECONDS = 28.0
 
 
-def _corrupt(reply: Message, kind: str) -> Message:
+def _corrupt(reply: Message, kind: str, source: Message) -> Message:
     if kind == "users":
         m = reply.content.metric_records[protocol.METRICS]
         m["user_ids"] = [int(u) + 100_000 for u in m["user_ids"]]
         return reply
+    if kind == "noarrays":
+        return Message(content=RecordDict({protocol.METRICS: reply.content.metric_records[protocol.METRICS]}),
+                       reply_to=source)
     rec = reply.content.array_records[protocol.ARRAYS]
     v = np.array(rec[protocol.UPDATE_SUM].numpy(), dtype=np.float32)
+    if kind == "dtype":
+        reply.content[protocol.ARRAYS] = ArrayRecord({protocol.UPDATE_SUM: Array(v.astype(np.int32))})
+        return reply
     if kind == "nan":
         v[0], v[-1] = np.nan, np.inf
     elif kind == "shape":
@@ -56,7 +69,12 @@ def make_fault_mod(faults: dict[int, str]) -> Callable:
             return call_next(msg, context)
         if kind == "error":
             raise RuntimeError("injected client fault")
-        return _corrupt(call_next(msg, context), kind)
+        if kind == "slow":
+            reply = call_next(msg, context)
+            if int(msg.content[protocol.CONFIG]["round"]) == SLOW_ROUND:
+                time.sleep(SLOW_SECONDS)
+            return reply
+        return _corrupt(call_next(msg, context), kind, msg)
 
     return fault_mod
 

@@ -20,7 +20,7 @@ from fedsim.privacy.clipping import clip_vector
 
 #: Drop reasons counted in ``metrics.jsonl``.
 DROP_REASONS = ("client_error", "missing", "dtype", "shape", "nonfinite", "unexpected_users", "stale",
-                "bad_state")
+                "duplicate", "bad_state")
 
 
 class UpdateAggregator:

@@ -174,8 +174,11 @@ class UserLevelDPStrategy(Strategy):
         for msg in replies:
             node = msg.metadata.src_node_id
             users = self._assigned.get(node)
-            if users is None or node in seen:
+            if users is None:  # a node this round sent nothing to (its users were not sampled)
                 agg.drop("unexpected_users", 0)
+                continue
+            if node in seen:  # a second reply from the same node: the first one counts
+                agg.drop("duplicate", 0)
                 continue
             seen.add(node)
             if msg.has_error():

@@ -94,33 +94,58 @@ def test_run_folder_ledger_and_epsilon(tmp_path):
 
 
 def test_hostile_clients_are_dropped_or_reclipped(tmp_path):
-    """Four workers: NaN, wrong shape, 1e6-norm and honest. With no noise and server
-    SGD at lr 1, each round moves the model by at most (accepted users · c)/K̄."""
+    """Six workers: NaN, wrong shape, int dtype, no arrays record, 1e6-norm and honest. With no
+    noise and server SGD at lr 1, each round moves the model by at most (accepted users · c)/K̄."""
     from clients.faults import make_faulty_client_app
     from fedsim.simulation import run_experiment
 
     cfg = load_config(None, [b for b in BASE if not b.startswith("sim.")] + [
         "privacy.mechanism='none'", "sampling.scheme='fixed'", "sampling.cohort_size=12",
-        "sim.num_workers=4", "sim.client_cpus=0.5", "checkpoint.every=1", "rounds=2",
+        "sim.num_workers=6", "sim.client_cpus=0.5", "checkpoint.every=1", "rounds=2",
     ])
     out = tmp_path / "hostile"
-    app = make_faulty_client_app({0: "nan", 1: "shape", 2: "huge"})
+    app = make_faulty_client_app({0: "nan", 1: "shape", 2: "huge", 3: "dtype", 4: "noarrays"})
     run_experiment(cfg, out, progress=False, client_app=app)
     rows = _rows(out)
     assert len(rows) == 2
     for r in rows:
         reasons = r["drop_reasons"]
         assert reasons["nonfinite"] == 1 and reasons["shape"] == 1
-        assert r["dropped_replies"] == 2
-        assert r["dropped_updates"] == 6  # 12 users over 4 workers: 3 users per dropped reply
-        assert r["server_reclipped"] == 1  # the 1e6-norm reply was re-clipped to 3·c
-        assert r["accepted_updates"] == 6
+        assert reasons["dtype"] == 1 and reasons["missing"] == 1
+        assert r["dropped_replies"] == 4
+        assert r["dropped_updates"] == 8  # 12 users over 6 workers: 2 users per dropped reply
+        assert r["server_reclipped"] == 1  # the 1e6-norm reply was re-clipped to 2·c
+        assert r["accepted_updates"] == 4
         assert r["epsilon"] == "inf"
     x = load_checkpoint(out / "checkpoint")["server"]["params"]
     x0 = prepare(cfg).x0
     bound = sum(r["accepted_updates"] for r in rows) * cfg.client.clip_norm / cfg.sampling.cohort_size
     assert float(torch.linalg.vector_norm((x - x0).double())) <= bound * (1 + 1e-6)
     assert torch.isfinite(x).all()
+
+
+def test_slow_client_past_the_round_timeout_is_counted_missing(tmp_path):
+    """One worker answers round 2 twenty-eight seconds late (timeout 20 s): that round completes
+    without it (counted as missing), the late reply is never used, the next round has it back,
+    and ε is the one dp-accounting gives for the sampled rounds."""
+    from clients.faults import SLOW_ROUND, make_faulty_client_app
+    from fedsim.simulation import run_experiment
+
+    cfg = load_config(None, [b for b in BASE if not b.startswith("sim.")] + [
+        "sampling.scheme='fixed'", "sampling.cohort_size=8", "privacy.noise_multiplier=1.0",
+        "sim.num_workers=2", "sim.client_cpus=1", "rounds=3", "eval.every=0", "sim.round_timeout=20",
+    ])
+    out = tmp_path / "slow"
+    run_experiment(cfg, out, progress=False, client_app=make_faulty_client_app({0: "slow"}))
+    rows = _rows(out)
+    assert [r["drop_reasons"]["missing"] for r in rows] == [1 if i == SLOW_ROUND else 0 for i in range(3)]
+    assert rows[SLOW_ROUND]["accepted_updates"] + rows[SLOW_ROUND]["dropped_updates"] == 8
+    assert rows[SLOW_ROUND]["dropped_updates"] > 0
+    assert all(r["drop_reasons"]["stale"] == 0 and r["drop_reasons"]["duplicate"] == 0 for r in rows)
+    from fedsim.privacy.accounting import epsilon
+    from fedsim.simulation import resolve_privacy
+
+    assert rows[-1]["epsilon"] == pytest.approx(epsilon(resolve_privacy(cfg, 30), 3), rel=1e-9)
 
 
 def test_client_exceptions_and_wrong_user_claims_are_dropped(tmp_path):
