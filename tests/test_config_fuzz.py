@@ -53,6 +53,25 @@ def valid_configs(draw):
         raw["privacy"] = {"mechanism": mech, "noise_multiplier": z}
     if draw(st.booleans()):
         raw["privacy"]["delta"] = draw(st.floats(1e-9, 1e-2))
+    # Post-processing and clipping choices (issue 4): none of them may change validity.
+    filt = draw(st.sampled_from(["none", "ema", "doppler", "disk"]))
+    if filt != "none":
+        raw["filter"] = {"name": filt}
+        if filt == "disk":
+            raw["filter"]["mode"] = draw(st.sampled_from(["two_point", "lookahead", "ema"]))
+        if filt == "doppler":
+            raw["filter"]["preset"] = draw(st.sampled_from(["first_order_v1", "second_order", "f6"]))
+        raw["server"]["optimizer"] = draw(st.sampled_from(["sgd", "adam", "yogi", "adambc"]))
+    extra = draw(st.sampled_from(["plain", "adaptive", "ef_client", "ef_server"]))
+    dp = raw["privacy"]["mechanism"] != "none"
+    if extra == "adaptive" and dp:
+        raw["clipping"] = {"adaptive": True, "count_stddev": 1000.0,
+                           "target_quantile": draw(st.floats(0.05, 0.95))}
+    elif extra == "ef_client":
+        raw["client"]["error_feedback"] = "client"
+    elif extra == "ef_server" and raw["sampling"]["scheme"] == "poisson":
+        raw["client"]["error_feedback"] = "server"
+        raw["sampling"]["cohort_size"] = min(raw["sampling"]["cohort_size"], n_pop // 5)
     return raw, n_pop
 
 
@@ -79,6 +98,9 @@ BAD_VALUES = [
     ("server.optimizer", "adamw"), ("server.lr", 0), ("server.momentum", 1.0),
     ("eval.every", -1), ("sim.client_cpus", 0), ("sim.device", "tpu"), ("model.name", "gpt"),
     ("data.name", "mnist"), ("data.max_users", 1), ("name", "has space"),
+    ("filter.name", "kalman"), ("filter.kappa", 0), ("filter.mode", "three_point"),
+    ("clipping.target_quantile", 1.0), ("clipping.lr", 0), ("clipping.count_stddev", -1.0),
+    ("client.error_feedback", "both"), ("client.ef_clip_norm", 0),
 ]
 
 
@@ -132,3 +154,41 @@ def test_population_dependent_errors_are_user_errors(case, tiny_pop):
         privacy_report(cfg, tiny_pop)
     except FedsimError as e:
         assert any(k in str(e) for k in ("sampling.", "data", "rounds", "population"))
+
+
+# ---------------------------------------------------------------- CLI arguments
+#: Tokens the CLI fuzzer draws from: flags, values (valid and not), --set items.
+CLI_TOKENS = ["--set", "--json", "--population", "--out", "--resume", "--force", "--quiet", "0", "-3",
+              "12", "abc", "rounds=abc", "rounds=0", "rounds=5", "privacy.mechanism='laplace'",
+              "sampling.cohort_size=10", "client.clip_norm=0", "nosuch.key=1", "=", "a..b=1",
+              "privacy.noise_multiplier=1.0", "privacy.target_epsilon=-1", "/nonexistent/dir",
+              "filter.name='disk'", "clipping.adaptive=true", "client.error_feedback='server'",
+              "experiments/does_not_exist.toml"]
+
+
+@FUZZ
+@given(st.sampled_from(["privacy", "run", "report", "data"]), st.lists(st.sampled_from(CLI_TOKENS), max_size=7))
+def test_cli_arguments_end_in_a_clean_exit(tmp_path_factory, command, tokens):
+    """Random argument lists: the CLI exits with 0 or a user-error status and a message — never
+    a traceback. ``run`` always carries an unknown key, so it must stop before training, and
+    no run folder appears."""
+    import os
+
+    from fedsim.cli import main
+
+    cwd = tmp_path_factory.mktemp("cli")
+    args = [command, *tokens]
+    if command == "run":
+        args += ["--set", "zz_unknown_key=1"]
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with pytest.raises(SystemExit) as ei:
+            main(args)
+            raise SystemExit(0)
+    finally:
+        os.chdir(old)
+    assert ei.value.code in (0, 1, 2), (args, ei.value.code)
+    if command == "run":
+        assert ei.value.code == 2
+        assert not (cwd / "runs").exists()
