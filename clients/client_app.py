@@ -35,7 +35,8 @@ def _worker(task_json: str) -> tuple:
             task = protocol.Task.from_json(task_json)
             torch.set_num_threads(max(1, task.threads))
             data = load_federated(task.data)
-            model = make_model(task.model, data.vocab_size, seed=task.model_seed)
+            model = make_model(task.model, data.vocab_size, seed=task.model_seed,
+                               dp_layers=task.example_dp is not None)
             if task.use_gpu and torch.cuda.is_available():
                 model = model.to("cuda")
             _workers.clear()  # one task per process at a time
@@ -64,7 +65,7 @@ def train(msg: Message, context: Context) -> Message:
     records = {}
     if task.error_feedback == "none":
         total, results = train_users(model, x0, data, users, int(cfg["round"]), task.seed, local,
-                                     task.disk, d_prev)
+                                     task.disk, d_prev, task.example_dp)
     else:
         states = None
         if task.error_feedback == "client":
@@ -72,7 +73,8 @@ def train(msg: Message, context: Context) -> Message:
             states = {u: torch.from_numpy(np.array(rec[protocol.state_key(u)].numpy(), dtype=np.float32))
                       for u in users}
         total, results, extra = train_users_ef(model, x0, data, users, int(cfg["round"]), task.seed, local,
-                                               task.error_feedback, task.ef_clip, states, task.disk, d_prev)
+                                               task.error_feedback, task.ef_clip, states, task.disk, d_prev,
+                                               task.example_dp)
         if task.error_feedback == "client":
             records[protocol.CLIENT_STATE] = ArrayRecord(
                 {protocol.state_key(u): Array(e.numpy()) for u, e in extra.items()})

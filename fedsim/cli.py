@@ -235,6 +235,48 @@ def data(config: ConfigArg = None, set_: SetOpt = None,
     typer.echo(json.dumps(info) if as_json else json.dumps(info, indent=1))
 
 
+@app.command()
+def audit(config: ConfigArg = None, set_: SetOpt = None,
+          out: Annotated[Optional[Path], typer.Option("--out", help="Run folder (default runs/<timestamp>-<name>).")] = None,
+          canaries: Annotated[int, typer.Option("--canaries", help="M, the number of canary users added to the population.")] = 1000,
+          alpha: Annotated[float, typer.Option("--alpha", help="The bootstrap interval has confidence 1 − alpha.")] = 0.05,
+          null: Annotated[str, typer.Option("--null", help="Null distribution: theoretical (N(0, 1/d), the paper's) "
+                                                            "or empirical (fitted to never-inserted directions).")] = "theoretical",
+          as_json: Annotated[bool, typer.Option("--json", help="Print the audit as JSON (no progress line).")] = False) -> None:
+    """Estimate ε empirically from one training run with canary users (Andrew et al., ICLR 2024).
+
+    Trains CONFIG once with M canaries added to the population. Each canary always sends a
+    full-norm update in its own fixed random direction. The command compares the canaries'
+    cosines with the final model delta against the null N(0, 1/d), the distribution for
+    directions that were never inserted, and writes audit.json into the run folder. The
+    estimate covers only the final model and comes with a bootstrap interval. It is not a
+    strict lower bound (see the caveats).
+
+    CONFIG is an experiment TOML (default: experiments/shakespeare_default.toml).
+    """
+    _offline_env()
+    from fedsim.audit import run_audit
+
+    cfg = load_config(config, set_ or [])
+    rep = run_audit(cfg, out, canaries, null_model=null, alpha=alpha, progress=not as_json)
+    for w in rep["warnings"]:
+        typer.echo(f"audit: warning: {w}", err=True)
+    if as_json:
+        typer.echo(json.dumps(rep))
+        return
+
+    def fmt(v: object) -> str:
+        return v if isinstance(v, str) else f"{v:.3f}"
+
+    lo, hi = rep["epsilon_interval"]
+    typer.echo(
+        f"audit: ε estimate {fmt(rep['epsilon_estimate'])} ({100 * rep['confidence']:.0f}% interval "
+        f"{fmt(lo)} to {fmt(hi)}) vs the ledger's ε = {fmt(rep['ledger_epsilon'])} at δ = {rep['delta']:.3g}; "
+        f"{rep['num_canaries']} canaries, d = {rep['dimension']:,}, final model only. "
+        f"An estimate, not a strict lower bound: see {Path(rep['run_dir']) / 'audit.json'}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the Typer app, turning :class:`FedsimError` into a clean message."""
     try:

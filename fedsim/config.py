@@ -181,6 +181,14 @@ class PrivacyConfig(_Section):
     tau : ``dpmf_plus``: τ (default ``rounds``).
     objective : ``total`` (Σ prefix-sum errors, the default) or ``max`` (worst prefix).
     tree_estimator : ``tree``: ``online`` (dyadic nodes) or ``full`` (least squares).
+    unit : ``user`` (default: the server-side mechanism above protects each user) or
+        ``example`` (cross-silo: each user is a silo of many people's records and trains with
+        Opacus DP-SGD; the ledger adds each silo's example-level ε from Opacus's RDP
+        accountant, next to the user-level ε when ``mechanism`` is not ``none``).
+    example_noise_multiplier : ``unit = "example"``: σ of the per-step DP-SGD noise.
+    example_clip_norm : ``unit = "example"``: per-sample gradient clip norm. Default 1.0.
+    example_delta : ``unit = "example"``: δ of each silo's guarantee (default
+        ``1/n_max^1.1`` with ``n_max`` the largest silo's training-set size).
     """
 
     mechanism: Literal["none", "gaussian", "identity", "tree", "sqrt", "dense", "dpmf_plus",
@@ -195,6 +203,19 @@ class PrivacyConfig(_Section):
     tau: int | None = Field(default=None, ge=1)
     objective: Literal["total", "max"] = "total"
     tree_estimator: Literal["online", "full"] = "online"
+    unit: Literal["user", "example"] = "user"
+    example_noise_multiplier: float | None = Field(default=None, gt=0, le=1e3)
+    example_clip_norm: float = Field(default=1.0, gt=0)
+    example_delta: float | None = Field(default=None, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _example_unit(self) -> "PrivacyConfig":
+        if self.unit == "example" and self.example_noise_multiplier is None:
+            raise ValueError("privacy.unit = 'example' needs privacy.example_noise_multiplier (σ of each "
+                             "silo's DP-SGD noise), e.g. 1.0")
+        if self.unit == "user" and self.example_noise_multiplier is not None:
+            raise ValueError("privacy.example_noise_multiplier applies only with privacy.unit = 'example'")
+        return self
 
     @model_validator(mode="after")
     def _one_of_z_or_target(self) -> "PrivacyConfig":
@@ -350,6 +371,10 @@ class Config(_Section):
                 f"filter.name = '{self.filter.name}' already is a momentum (low-pass) filter: do not stack "
                 "server.optimizer = 'momentum' on it; use server.optimizer = 'sgd' (or 'adambc')"
             )
+        if (self.privacy.unit == "example" and self.filter.name == "disk"
+                and self.filter.mode in ("two_point", "lookahead")):
+            raise ValueError("privacy.unit = 'example' with DiSK's client evaluation is not supported; use "
+                             "filter.mode = 'ema' or another filter")
         ef = self.client.error_feedback
         if ef != "none" and self.clipping.adaptive:
             raise ValueError(f"client.error_feedback = '{ef}' with clipping.adaptive = true is not supported "

@@ -23,6 +23,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from fedsim.data import DataSpec
+from fedsim.example_dp import ExampleDP
 from fedsim.training import DiskClient, LocalTraining
 
 ARRAYS = "arrays"
@@ -54,6 +55,7 @@ class Task:
     disk: DiskClient | None = None
     error_feedback: str = "none"
     ef_clip: float = 0.0
+    example_dp: ExampleDP | None = None
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -65,4 +67,5 @@ class Task:
         disk = DiskClient(**d["disk"]) if d.get("disk") else None
         return cls(DataSpec(**d["data"]), d["model"], int(d["model_seed"]), int(d["seed"]),
                    LocalTraining(**d["local"]), int(d.get("threads", 1)), bool(d.get("use_gpu", False)), disk,
-                   str(d.get("error_feedback", "none")), float(d.get("ef_clip", 0.0)))
+                   str(d.get("error_feedback", "none")), float(d.get("ef_clip", 0.0)),
+                   ExampleDP(**d["example_dp"]) if d.get("example_dp") else None)

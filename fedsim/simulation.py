@@ -191,7 +191,8 @@ def prepare(cfg: Config, extra_users: int = 0) -> Prepared:
         plan = plan_mf(p.mechanism, scheme, cfg.rounds, workload=p.workload, momentum=cfg.server.momentum,
                        bands=p.bands, buffers=p.buffers, tau=p.tau, objective=p.objective,
                        tree_estimator=p.tree_estimator)
-    model = make_model(cfg.model.name, data.vocab_size, seed=derive_seed(cfg.seed, "model"))
+    model = make_model(cfg.model.name, data.vocab_size, seed=derive_seed(cfg.seed, "model"),
+                       dp_layers=cfg.privacy.unit == "example")
     x0 = parameters_to_vector(model.parameters()).detach().to(torch.float32)
     if cfg.client.error_feedback == "client":
         from fedsim.error_feedback import check_memory
@@ -362,6 +363,16 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
 
         notes.append(SERVER_EF_LABEL)
     ledger = Ledger(spec, cfg.rounds, budget_split=prep.budget_split, notes=notes)
+    example_dp = None
+    if cfg.privacy.unit == "example":
+        from fedsim.example_dp import ExampleDP, SiloLedger, steps_and_rate
+
+        example_dp = ExampleDP(float(cfg.privacy.example_noise_multiplier), cfg.privacy.example_clip_norm)
+        n_train = [data.num_train(u) for u in range(data.population)]
+        ex_delta = cfg.privacy.example_delta or 1.0 / max(n_train) ** 1.1
+        ledger.silo = SiloLedger(example_dp, ex_delta, {
+            u: steps_and_rate(min(n, cfg.client.max_examples), cfg.client.batch_size, cfg.client.local_epochs)
+            for u, n in enumerate(n_train)})
     server = DPServer(prep.x0.to(device), noise, optimizer, ledger, server_clip,
                       z_eff, cfg.sampling.cohort_size, filter=filt, clip_controller=clip_ctl,
                       error_feedback=server_ef)
@@ -379,7 +390,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     task = Task(DataSpec.from_config(cfg.data), cfg.model.name, derive_seed(cfg.seed, "model"), cfg.seed,
                 local, threads=max(1, int(cfg.sim.client_cpus)),
                 use_gpu=cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu", disk=disk,
-                error_feedback=ef, ef_clip=c2 if ef != "none" else 0.0)
+                error_feedback=ef, ef_clip=c2 if ef != "none" else 0.0, example_dp=example_dp)
     client_store = None
     if ef == "client":
         from fedsim.error_feedback import ClientStateStore
@@ -493,6 +504,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         "update_noise_multiplier": z_eff,
         "final_clip_norm": server.clip_norm,
         "error_feedback": ef,
+        "unit": cfg.privacy.unit,
+        "example_epsilon_max": None if ledger.silo is None else ledger.silo.max_epsilon,
         "notes": notes,
         "mechanism": spec.mechanism,
         "scheme": spec.scheme,

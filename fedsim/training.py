@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -149,13 +150,21 @@ class DiskClient:
 
 def user_delta(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: int,
                round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
-               d_prev: torch.Tensor | None = None) -> tuple[torch.Tensor, float, int]:
+               d_prev: torch.Tensor | None = None, example_dp: Any = None) -> tuple[torch.Tensor, float, int]:
     """The user's unclipped update from ``x0``: ``(Δ, loss, samples)``.
 
     With ``disk`` (and the previous server step ``d_prev``), ``Δ`` is DiSK's mixed update
     (:meth:`DiskClient.update`); the reported loss is the one at ``x0`` (``two_point``) or
-    at the look-ahead point (``lookahead``).
+    at the look-ahead point (``lookahead``). With ``example_dp`` (an
+    :class:`~fedsim.example_dp.ExampleDP`), local training is Opacus DP-SGD on the silo's
+    examples (:func:`~fedsim.example_dp.local_delta_example_dp`).
     """
+    if example_dp is not None:
+        from fedsim.example_dp import capped_samples, local_delta_example_dp
+
+        samples = capped_samples(data, user, round_index, seed, spec.max_examples)
+        return local_delta_example_dp(model, x0, samples, round_index, user, seed, spec.lr,
+                                      spec.batch_size, spec.epochs, example_dp)
     if disk is None:
         return local_delta(model, x0, data, user, round_index, seed, spec)
     if d_prev is None:
@@ -173,25 +182,26 @@ def user_delta(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: in
 
 def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: int,
                    round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
-                   d_prev: torch.Tensor | None = None) -> tuple[torch.Tensor, UserResult]:
+                   d_prev: torch.Tensor | None = None, example_dp: Any = None) -> tuple[torch.Tensor, UserResult]:
     """Train ``user`` from the flat parameters ``x0``; return ``(clip(Δ, c), result)``
     (``Δ`` from :func:`user_delta`, clipped after any DiSK mixing).
     Training runs on the model's device; the returned update is on the CPU.
     """
-    delta, loss, seen = user_delta(model, x0, data, user, round_index, seed, spec, disk, d_prev)
+    delta, loss, seen = user_delta(model, x0, data, user, round_index, seed, spec, disk, d_prev, example_dp)
     clipped, norm = clip_vector(delta, spec.clip_norm)
     return clipped.cpu(), UserResult(user, loss, seen, norm, norm > spec.clip_norm)
 
 
 def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedText, users: list[int],
                 round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
-                d_prev: torch.Tensor | None = None) -> tuple[torch.Tensor, list[UserResult]]:
+                d_prev: torch.Tensor | None = None, example_dp: Any = None) -> tuple[torch.Tensor, list[UserResult]]:
     """Train each user from ``x0``; return the running sum of their clipped deltas and their results.
-    ``disk``/``d_prev``: DiSK's client evaluation (:func:`train_one_user`)."""
+    ``disk``/``d_prev``: DiSK's client evaluation; ``example_dp``: Opacus DP-SGD in each silo
+    (:func:`user_delta`)."""
     total = torch.zeros_like(x0)
     results = []
     for u in users:
-        clipped, res = train_one_user(model, x0, data, u, round_index, seed, spec, disk, d_prev)
+        clipped, res = train_one_user(model, x0, data, u, round_index, seed, spec, disk, d_prev, example_dp)
         total.add_(clipped)
         results.append(res)
     return total, results
@@ -200,7 +210,7 @@ def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedText, users: 
 def train_users_ef(model: nn.Module, x0: torch.Tensor, data: FederatedText, users: list[int],
                    round_index: int, seed: int, spec: LocalTraining, mode: str, ef_clip: float,
                    states: dict[int, torch.Tensor] | None = None, disk: DiskClient | None = None,
-                   d_prev: torch.Tensor | None = None
+                   d_prev: torch.Tensor | None = None, example_dp: Any = None
                    ) -> tuple[torch.Tensor, list[UserResult], dict[int, torch.Tensor] | torch.Tensor]:
     """Train users with clipping error feedback (:mod:`fedsim.error_feedback`).
 
@@ -219,7 +229,7 @@ def train_users_ef(model: nn.Module, x0: torch.Tensor, data: FederatedText, user
     results = []
     extra: dict[int, torch.Tensor] | torch.Tensor = {} if mode == "client" else torch.zeros_like(x0)
     for u in users:
-        delta, loss, seen = user_delta(model, x0, data, u, round_index, seed, spec, disk, d_prev)
+        delta, loss, seen = user_delta(model, x0, data, u, round_index, seed, spec, disk, d_prev, example_dp)
         delta = delta.cpu()
         if mode == "client":
             assert states is not None and isinstance(extra, dict)

@@ -230,6 +230,8 @@ class UserLevelDPStrategy(Strategy):
                                                  agg.dim).numpy(), len(ids)) is None:
                 centred += len(ids) / 2.0  # canaries' updates have norm c: they fit
         c_t = self.server.clip_norm
+        if self.server.ledger.silo is not None:  # every silo that was asked to train spent budget
+            self.server.ledger.silo.record([u for users in self._assigned.values() for u in users])
         if self.ef_mode == "server" and residual is None:
             residual = np.zeros(agg.dim, dtype=np.float32)
         eps = self.server.step(agg.total, realized_cohort=len(self._cohort), centred_count=centred,
@@ -246,6 +248,8 @@ class UserLevelDPStrategy(Strategy):
             "clipped_fraction": clipped / agg.accepted_users if agg.accepted_users else None,
             "clip_norm": c_t,
             "client_evaluations_per_user": self.client_evaluations,
+            "example_epsilon_max": (None if self.server.ledger.silo is None
+                                    else self.server.ledger.silo.max_epsilon),
             "unclipped_fraction_noisy": (None if self.server.clip_controller is None
                                          else self.server.clip_controller.last_fraction),
             "train_examples": examples,

@@ -18,12 +18,21 @@ class CharLSTM(nn.Module):
     embed_dim : embedding width (LEAF: 8).
     hidden : LSTM hidden size (LEAF: 256).
     layers : stacked LSTM layers (LEAF: 2).
+    dp_layers : use Opacus's ``DPLSTM`` (per-sample gradients for example-level DP; Opacus's
+        grad samplers do not cover ``nn.LSTM``). Its flat parameter order differs from
+        ``nn.LSTM``'s, so the server and every client must build the same variant.
     """
 
-    def __init__(self, vocab_size: int, embed_dim: int = 8, hidden: int = 256, layers: int = 2) -> None:
+    def __init__(self, vocab_size: int, embed_dim: int = 8, hidden: int = 256, layers: int = 2,
+                 dp_layers: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, embed_dim)
-        self.lstm = nn.LSTM(embed_dim, hidden, num_layers=layers, batch_first=True)
+        if dp_layers:
+            from opacus.layers import DPLSTM
+
+            self.lstm = DPLSTM(embed_dim, hidden, num_layers=layers, batch_first=True)
+        else:
+            self.lstm = nn.LSTM(embed_dim, hidden, num_layers=layers, batch_first=True)
         self.head = nn.Linear(hidden, vocab_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -37,13 +46,14 @@ MODELS = {
 }
 
 
-def make_model(name: str, vocab_size: int, seed: int = 0) -> nn.Module:
-    """Build model ``name`` with parameters initialised from ``seed`` (deterministic)."""
+def make_model(name: str, vocab_size: int, seed: int = 0, dp_layers: bool = False) -> nn.Module:
+    """Build model ``name`` with parameters initialised from ``seed`` (deterministic);
+    ``dp_layers``: the Opacus-compatible variant (example-level DP, ``privacy.unit = "example"``)."""
     if name not in MODELS:
         raise FedsimError(f"model.name = {name!r}: allowed are {', '.join(MODELS)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return CharLSTM(vocab_size, **MODELS[name])
+        return CharLSTM(vocab_size, **MODELS[name], dp_layers=dp_layers)
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -39,6 +39,9 @@ class Ledger:
         self.notes = list(notes or [])
         self.planned_rounds = planned_rounds
         self.budget_split = budget_split
+        #: example-level accounting of the silos (``privacy.unit = "example"``), a
+        #: :class:`fedsim.example_dp.SiloLedger`; None otherwise.
+        self.silo: Any = None
         self.entries: list[dict[str, Any]] = []
         self._curve = EpsilonCurve(spec)
 
@@ -64,6 +67,8 @@ class Ledger:
         entry: dict[str, Any] = {"round": round_index + 1, "epsilon": eps, "cohort": int(realized_cohort)}
         if self.budget_split is not None and clip_norm is not None:
             entry["clip_norm"] = float(clip_norm)
+        if self.silo is not None:
+            entry["example_epsilon_max"] = self.silo.max_epsilon
         self.entries.append(entry)
         return eps
 
@@ -76,15 +81,19 @@ class Ledger:
             "composition": self.spec.describe_events(),
             "budget_split": self.budget_split,
             "notes": self.notes,
+            "example_level": None if self.silo is None else self.silo.to_json(),
             "entries": [dict(e, epsilon=_json_float(e["epsilon"])) for e in self.entries],
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"planned_rounds": self.planned_rounds, "entries": [dict(e) for e in self.entries]}
+        return {"planned_rounds": self.planned_rounds, "entries": [dict(e) for e in self.entries],
+                "silo": None if self.silo is None else self.silo.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.planned_rounds = int(state["planned_rounds"])
         self.entries = [dict(e) for e in state["entries"]]
+        if self.silo is not None:
+            self.silo.load_state_dict(state["silo"])
 
 
 def check_budget_split(ledger_json: dict[str, Any]) -> float | None:

@@ -1,0 +1,167 @@
+"""Example-level DP inside clients with Opacus (``privacy.unit = "example"``).
+
+For cross-silo federations where each node (a "user" in fedsim's vocabulary) holds many
+people's records: each silo trains its local update with DP-SGD from Opacus — Poisson
+sampled batches (``DPDataLoader``, rate ``q = 1/⌈n_i/B⌉``), per-sample clipping to
+``example_clip_norm`` and Gaussian noise of multiplier ``example_noise_multiplier``
+(``DPOptimizer``), per-sample gradients of the LSTM through Opacus's ``DPLSTM``. Both
+random streams are seeded from ``(seed, round, user)`` so runs are reproducible.
+
+The silo's own guarantee is computed with Opacus's RDP accountant over all of the silo's
+participations: ``k_i`` participations × ``epochs·⌈n_i/B⌉`` steps at rate ``q_i``. The
+ledger records the largest such ε over silos (and the per-silo counts, so it can be
+recomputed), next to the server-side user-level ε when that is on too; the two protect
+different units and do not compose into one number.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedsim.seeding import make_generator
+
+
+@dataclass(frozen=True)
+class ExampleDP:
+    """DP-SGD settings of every silo.
+
+    Parameters
+    ----------
+    noise_multiplier : σ of Opacus's per-step Gaussian noise (relative to ``clip_norm``).
+    clip_norm : per-sample gradient clip norm (Opacus ``max_grad_norm``).
+    """
+
+    noise_multiplier: float
+    clip_norm: float
+
+
+def steps_and_rate(num_examples: int, batch_size: int, epochs: int) -> tuple[int, float]:
+    """DP-SGD steps per participation and the Poisson rate of one silo with ``n`` examples:
+    ``(epochs·⌈n/B⌉, 1/⌈n/B⌉)`` (Opacus's ``DPDataLoader`` convention)."""
+    batches = max(1, math.ceil(num_examples / batch_size))
+    return epochs * batches, 1.0 / batches
+
+
+def silo_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
+    """ε of one silo after ``steps`` DP-SGD steps, from Opacus's RDP accountant."""
+    if steps <= 0:
+        return 0.0
+    from opacus.accountants import RDPAccountant
+
+    acc = RDPAccountant()
+    acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
+    return float(acc.get_epsilon(delta=delta))
+
+
+def local_delta_example_dp(model: nn.Module, x0: torch.Tensor, samples: tuple[torch.Tensor, torch.Tensor],
+                           round_index: int, user: int, seed: int, lr: float, batch_size: int, epochs: int,
+                           dp: ExampleDP) -> tuple[torch.Tensor, float, int]:
+    """One silo's DP-SGD local training from ``x0``; returns ``(Δ, mean loss, examples seen)``.
+
+    ``model`` must be built with ``dp_layers=True``; its parameters are overwritten.
+    """
+    from opacus import GradSampleModule
+    from opacus.data_loader import DPDataLoader
+    from opacus.optimizers import DPOptimizer
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fedsim.training import load_flat_
+
+    params = list(model.parameters())
+    dev = params[0].device
+    x0 = x0.to(dev)
+    load_flat_(params, x0)
+    model.train()
+    X, Y = samples
+    loader = DataLoader(TensorDataset(X, Y), batch_size=batch_size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Opacus warns about secure_mode and hooks
+        gsm = GradSampleModule(model)
+        dp_loader = DPDataLoader.from_data_loader(
+            loader, generator=make_generator(seed, "example-dp-batches", int(round_index), int(user)))
+        opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=lr), noise_multiplier=dp.noise_multiplier,
+                          max_grad_norm=dp.clip_norm, expected_batch_size=batch_size,
+                          generator=make_generator(seed, "example-dp-noise", int(round_index), int(user),
+                                                   device=dev))
+        loss_sum, steps, seen = 0.0, 0, 0
+        try:
+            for _ in range(epochs):
+                for xb, yb in dp_loader:
+                    xb, yb = xb.to(dev), yb.to(dev)
+                    opt.zero_grad()
+                    out = gsm(xb)
+                    # An empty Poisson batch still takes a (noise-only) step: skipping it would
+                    # reveal that the batch was empty.
+                    loss = nn.functional.cross_entropy(out, yb) if len(yb) else out.sum() * 0.0
+                    loss.backward()
+                    opt.step()
+                    if len(yb):
+                        loss_sum += float(loss.detach())
+                    steps += 1
+                    seen += len(yb)
+        finally:
+            gsm._close()
+    with torch.no_grad():
+        delta = torch.cat([p.detach().reshape(-1) for p in params]) - x0
+    return delta, loss_sum / max(steps, 1), seen
+
+
+class SiloLedger:
+    """Per-silo example-level ε (Opacus RDP), recomputable from its own contents.
+
+    Parameters
+    ----------
+    dp : the silos' DP-SGD settings.
+    delta : δ of each silo's guarantee.
+    steps_rate : ``{silo: (steps per participation, sampling rate)}``.
+    """
+
+    def __init__(self, dp: ExampleDP, delta: float, steps_rate: dict[int, tuple[int, float]]) -> None:
+        self.dp = dp
+        self.delta = float(delta)
+        self.steps_rate = steps_rate
+        self.participations: dict[int, int] = {}
+        self.epsilons: dict[int, float] = {}
+
+    def record(self, silos: list[int]) -> float:
+        """Count one participation for each silo; return the largest silo ε so far."""
+        for s in silos:
+            k = self.participations.get(int(s), 0) + 1
+            self.participations[int(s)] = k
+            steps, q = self.steps_rate[int(s)]
+            self.epsilons[int(s)] = silo_epsilon(self.dp.noise_multiplier, q, steps * k, self.delta)
+        return self.max_epsilon
+
+    @property
+    def max_epsilon(self) -> float:
+        return max(self.epsilons.values(), default=0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"unit": "example", "accountant": "opacus.accountants.RDPAccountant",
+                "noise_multiplier": self.dp.noise_multiplier, "clip_norm": self.dp.clip_norm,
+                "delta": self.delta, "max_silo_epsilon": self.max_epsilon,
+                "silos": {str(s): {"participations": k, "steps_per_participation": self.steps_rate[s][0],
+                                   "sample_rate": self.steps_rate[s][1], "epsilon": self.epsilons[s]}
+                          for s, k in sorted(self.participations.items())}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"participations": dict(self.participations), "epsilons": dict(self.epsilons)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.participations = {int(k): int(v) for k, v in state["participations"].items()}
+        self.epsilons = {int(k): float(v) for k, v in state["epsilons"].items()}
+
+
+def capped_samples(data: Any, user: int, round_index: int, seed: int, max_examples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The silo's training set for this round: up to ``max_examples`` samples, a seeded draw."""
+    g = make_generator(seed, "client", int(round_index), int(user))
+    n = data.num_train(user)
+    perm = torch.randperm(n, generator=g)[:max_examples].numpy()
+    return data.train_samples(user, np.sort(perm))
