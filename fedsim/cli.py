@@ -137,15 +137,21 @@ def _load_with_target(config: Optional[Path], overrides: list[str], target: floa
 @app.command()
 def report(run_dirs: Annotated[list[Path], typer.Argument(help="Run folders.")],
            plot: Annotated[Optional[Path], typer.Option(help="Also write an accuracy comparison PNG here.")] = None,
+           ablation: Annotated[Optional[Path], typer.Option(
+               help="Also write an ablation PNG here: runs grouped into arms (same config but the seed), "
+                    "accuracy vs round per arm and final accuracy ± std.")] = None,
            as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False) -> None:
-    """Redraw each run's plots and print a comparison table of the runs."""
-    from fedsim.report import comparison_table, format_table, plot_comparison, plot_run
+    """Redraw each run's plots (and the filter PSD for runs with filter.trace_coordinates) and
+    print a comparison table of the runs."""
+    from fedsim.report import comparison_table, format_table, plot_ablation, plot_comparison, plot_run
 
     for d in run_dirs:
         plot_run(d)
     rows = comparison_table(run_dirs)
     if plot is not None:
         plot_comparison(run_dirs, plot)
+    if ablation is not None:
+        plot_ablation(run_dirs, ablation)
     if as_json:
         typer.echo(json.dumps([{k: ("inf" if isinstance(v, float) and math.isinf(v) else v)
                                 for k, v in r.items()} for r in rows]))

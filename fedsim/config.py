@@ -256,6 +256,10 @@ class FilterConfig(_Section):
     kappa : EMA / DiSK κ. Default 0.7.
     gamma : DiSK γ (``two_point``). Default 0.5; ``lookahead`` derives ``γ = (1−κ)/κ`` and
         refuses another value.
+    trace_coordinates : log this many fixed (seeded) coordinates of the noisy aggregate ``ĝ_t``
+        before and after the filter, every round, to ``filter_trace.npz`` (``fedsim report``
+        draws their power spectral density, as in the DOPPLER paper's Fig. 2). These are DP
+        outputs, so logging them costs no privacy. Default 0 (off).
     """
 
     name: Literal["none", "ema", "doppler", "disk"] = "none"
@@ -265,6 +269,7 @@ class FilterConfig(_Section):
     mode: Literal["two_point", "lookahead", "ema"] = "two_point"
     kappa: float = Field(default=0.7, gt=0, le=1)
     gamma: float | None = Field(default=None, gt=0, le=100)
+    trace_coordinates: int = Field(default=0, ge=0, le=4096)
 
     @model_validator(mode="after")
     def _lookahead_gamma(self) -> "FilterConfig":

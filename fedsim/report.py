@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from fedsim.errors import FedsimError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -295,7 +297,129 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     finally:
         plt.close(fig)
 
-    return [acc_path, eps_path]
+    written = [acc_path, eps_path]
+    trace = run_path / "filter_trace.npz"
+    if trace.exists():
+        written.append(plot_psd(trace, target / "psd.png", title=name))
+    return written
+
+
+def power_spectra(before: np.ndarray, after: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Welch power spectral density over rounds, averaged over the logged coordinates.
+
+    Parameters
+    ----------
+    before, after : rounds × k arrays of the noisy aggregate's coordinates before and after the
+        filter (``filter_trace.npz``).
+
+    Returns ``(frequency in cycles per round, PSD before, PSD after)``.
+    """
+    from scipy.signal import welch
+
+    n = before.shape[0]
+    seg = int(min(64, n))
+    f, p_b = welch(before, nperseg=seg, axis=0, detrend=False)  # keep the low frequencies
+    _, p_a = welch(after, nperseg=seg, axis=0, detrend=False)
+    return f, p_b.mean(axis=1), p_a.mean(axis=1)
+
+
+def plot_psd(trace_path: str | Path, out_path: str | Path, title: str = "") -> Path:
+    """Draw the PSD of the noisy aggregate before and after the server filter (the DOPPLER
+    paper's Fig. 2) from a run's ``filter_trace.npz``."""
+    data = np.load(trace_path)
+    before, after = data["before"], data["after"]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    try:
+        if before.shape[0] < 4:
+            _empty_note(ax, "fewer than 4 rounds logged")
+        else:
+            f, pb, pa = power_spectra(before, after)
+            ax.semilogy(f, pb, label="noisy aggregate ĝ_t (before the filter)")
+            ax.semilogy(f, pa, label="after the filter")
+            ax.legend(loc="best")
+        ax.set_xlabel("frequency (cycles per round)")
+        ax.set_ylabel("power spectral density")
+        ax.set_title(f"{title}: PSD of {before.shape[1]} logged coordinates")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        out = Path(out_path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100)
+    finally:
+        plt.close(fig)
+    return out
+
+
+def _arm_of(run_dir: Path) -> tuple[str, dict[str, Any]]:
+    """The arm of a run: its config without ``seed`` and ``name`` (flattened)."""
+    import tomllib
+
+    cfg = tomllib.loads((run_dir / "config.toml").read_text(encoding="utf-8"))
+
+    def flat(d: dict, prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    f = {k: v for k, v in flat(cfg).items() if k not in ("seed", "name")}
+    return json.dumps(f, sort_keys=True), f
+
+
+def ablation_arms(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Group run folders into arms (same config except ``seed``/``name``); each arm has a label
+    made of the keys that differ between arms, its runs, and the final accuracies' mean and std."""
+    groups: dict[str, dict[str, Any]] = {}
+    for d in map(Path, run_dirs):
+        key, flat = _arm_of(d)
+        groups.setdefault(key, {"config": flat, "runs": []})["runs"].append(d)
+    configs = [g["config"] for g in groups.values()]
+    varying = sorted({k for c in configs for k in c if any(c.get(k) != o.get(k) for o in configs)})
+    arms = []
+    for g in groups.values():
+        finals = []
+        for d in g["runs"]:
+            s = _summary_or_none(d) or {}
+            if s.get("final_eval_accuracy") is not None:
+                finals.append(float(s["final_eval_accuracy"]))
+        label = ", ".join(f"{k.split('.')[-1]}={g['config'].get(k)}" for k in varying) or "all runs"
+        arms.append({"label": label, "runs": g["runs"], "finals": finals,
+                     "mean": float(np.mean(finals)) if finals else None,
+                     "std": float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0})
+    return sorted(arms, key=lambda a: a["label"])
+
+
+def plot_ablation(run_dirs: Sequence[str | Path], out_path: str | Path) -> Path:
+    """Ablation figure: eval accuracy against the round per arm (mean over seeds) and the final
+    accuracy per arm with ±1 std error bars over seeds."""
+    arms = ablation_arms(run_dirs)
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    try:
+        for arm in arms:
+            curves = [dict(zip(*_accuracy_curve(read_metrics(d)))) for d in arm["runs"]]
+            rounds = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+            if rounds:
+                ax1.plot(rounds, [np.mean([c[r] for c in curves]) for r in rounds], marker="o",
+                         markersize=3, label=arm["label"])
+        ax1.set_xlabel("round")
+        ax1.set_ylabel("eval accuracy (mean over seeds)")
+        ax1.grid(True, alpha=0.3)
+        if any(a["finals"] for a in arms):
+            ax1.legend(loc="best", fontsize=7)
+        ys = np.arange(len(arms))
+        ax2.barh(ys, [a["mean"] or 0.0 for a in arms], xerr=[a["std"] for a in arms], capsize=3)
+        ax2.set_yticks(ys, [f"{a['label']} (n={len(a['finals'])})" for a in arms], fontsize=7)
+        ax2.set_xlabel("final eval accuracy (mean ± std over seeds)")
+        ax2.grid(True, axis="x", alpha=0.3)
+        fig.tight_layout()
+        out = Path(out_path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100)
+    finally:
+        plt.close(fig)
+    return out
 
 
 def plot_comparison(run_dirs: Sequence[str | Path], out_path: str | Path) -> Path:

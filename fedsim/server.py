@@ -57,6 +57,9 @@ class DPServer:
         self.error_feedback = error_feedback
         #: ``d_{t−1} = x_t − x_{t−1}`` (DiSK's clients evaluate along it); kept when ``track_step``.
         self.track_step = bool(getattr(filter, "mode", "ema") in ("two_point", "lookahead"))
+        #: coordinates of ĝ_t logged before/after the filter (``filter.trace_coordinates``).
+        self.trace_index: torch.Tensor | None = None
+        self.trace: dict[str, list[torch.Tensor]] = {"before": [], "after": []}
         self.last_step = torch.zeros_like(self.params) if self.track_step else None
         if clip_controller is not None:
             self.clip_norm = clip_controller.clip_norm
@@ -89,8 +92,12 @@ class DPServer:
             fed = self.error_feedback.feedback()
             g_hat.add_(fed.to(g_hat.device))
             self.error_feedback.step(fed, residual_sum.to(self.params.device) / self.expected_cohort)
+        if self.trace_index is not None:
+            self.trace["before"].append(g_hat[self.trace_index].detach().cpu().clone())
         if self.filter is not None:
             g_hat = self.filter.step(g_hat)
+        if self.trace_index is not None:
+            self.trace["after"].append(g_hat[self.trace_index].detach().cpu().clone())
         if self.track_step:
             before = self.params.clone()
             self.optimizer.step(self.params, g_hat.neg())
@@ -105,6 +112,20 @@ class DPServer:
         self.round += 1
         return eps
 
+    def enable_trace(self, count: int, seed: int) -> None:
+        """Log ``count`` seeded coordinates of ``ĝ_t`` before and after the filter each round."""
+        g = torch.Generator().manual_seed(int(seed))
+        d = self.params.numel()
+        self.trace_index = torch.randperm(d, generator=g)[: min(int(count), d)].sort().values.to(self.params.device)
+
+    def write_trace(self, path: Any) -> None:
+        """Write the logged coordinates to ``path`` (npz: ``index``, ``before``, ``after``; rounds × k)."""
+        if self.trace_index is None:
+            return
+        k = int(self.trace_index.numel())
+        stack = {n: (torch.stack(v).numpy() if v else np.zeros((0, k), np.float32)) for n, v in self.trace.items()}
+        np.savez(path, index=self.trace_index.cpu().numpy(), **stack)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "round": self.round,
@@ -115,6 +136,7 @@ class DPServer:
             "filter": None if self.filter is None else self.filter.state_dict(),
             "clip_norm": self.clip_norm,
             "error_feedback": None if self.error_feedback is None else self.error_feedback.state_dict(),
+            "trace": {k: [x.clone() for x in v] for k, v in self.trace.items()},
             "last_step": None if self.last_step is None else self.last_step.clone(),
             "clip_controller": None if self.clip_controller is None else self.clip_controller.state_dict(),
         }
@@ -128,6 +150,7 @@ class DPServer:
         if self.filter is not None:
             self.filter.load_state_dict(state["filter"])
         self.clip_norm = float(state.get("clip_norm", self.clip_norm))
+        self.trace = {k: [x.clone() for x in v] for k, v in state.get("trace", {"before": [], "after": []}).items()}
         if self.error_feedback is not None:
             self.error_feedback.load_state_dict(state["error_feedback"])
         if self.track_step:

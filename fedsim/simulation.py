@@ -377,6 +377,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
                       z_eff, cfg.sampling.cohort_size, filter=filt, clip_controller=clip_ctl,
                       error_feedback=server_ef)
     sampler = make_sampler(prep.scheme, derive_seed(cfg.seed, "sampler-base"))
+    if cfg.filter.trace_coordinates:
+        server.enable_trace(cfg.filter.trace_coordinates, derive_seed(cfg.seed, "filter-trace"))
 
     from fedsim.protocol import Task
 
@@ -492,6 +494,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         raise RuntimeError(f"simulation stopped after {server.round} of {cfg.rounds} rounds; "
                            f"the checkpoint in {out / 'checkpoint'} holds the last completed round")
     write_ledger()
+    server.write_trace(out / "filter_trace.npz")
     eps = ledger.epsilon
     ex = data.examples_per_user()
     summary = {

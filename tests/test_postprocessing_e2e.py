@@ -24,7 +24,7 @@ BASE = ["rounds=2", "sampling.scheme='poisson'", "privacy.mechanism='gaussian'",
 
 #: (filter, server optimizer, error feedback): every filter, optimizer and EF mode appears.
 COMBOS = [
-    (["filter.name='doppler'", "filter.preset='second_order'"], "adambc", "client"),
+    (["filter.name='doppler'", "filter.preset='second_order'", "filter.trace_coordinates=16"], "adambc", "client"),
     (["filter.name='ema'"], "yogi", "server"),
     (["filter.name='disk'", "filter.mode='two_point'"], "adam", "none"),
     (["filter.name='disk'", "filter.mode='lookahead'"], "sgd", "client"),
@@ -39,7 +39,7 @@ def _expected_eps(rounds: int) -> float:
     return acc.get_epsilon(1 / N**1.1)
 
 
-@pytest.mark.parametrize("filt,opt,ef", COMBOS, ids=[f"{c[1]}-{c[2]}-{(c[0] or ['none'])[-1]}" for c in COMBOS])
+@pytest.mark.parametrize("filt,opt,ef", COMBOS, ids=[f"{c[1]}-{c[2]}-{(c[0] or ['none'])[0]}" for c in COMBOS])
 def test_epsilon_is_post_processing_invariant(tmp_path, filt, opt, ef):
     from fedsim.simulation import run_experiment
 
@@ -73,4 +73,11 @@ def test_epsilon_is_post_processing_invariant(tmp_path, filt, opt, ef):
     if filt and "disk" in filt[0]:
         assert float(srv["last_step"].norm()) > 0  # d_{t−1} was tracked and sent
     assert summary["rounds_completed"] == 2 and c1 > 0
+    if any("trace_coordinates" in f for f in filt):
+        import numpy as np
+
+        tr = np.load(out / "filter_trace.npz")
+        assert tr["before"].shape == tr["after"].shape == (2, 16)
+        assert not np.array_equal(tr["before"], tr["after"])  # the filter acted
+        assert (out / "plots" / "psd.png").exists()
 
