@@ -304,6 +304,15 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     return written
 
 
+def _save(fig: Any, out_path: str | Path) -> Path:
+    """Lay out ``fig`` and write it to ``out_path`` (parents created)."""
+    fig.tight_layout()
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return out
+
+
 def power_spectra(before: np.ndarray, after: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Welch power spectral density over rounds, averaged over the logged coordinates.
 
@@ -342,13 +351,9 @@ def plot_psd(trace_path: str | Path, out_path: str | Path, title: str = "") -> P
         ax.set_ylabel("power spectral density")
         ax.set_title(f"{title}: PSD of {before.shape[1]} logged coordinates")
         ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        out = Path(out_path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=100)
+        return _save(fig, out_path)
     finally:
         plt.close(fig)
-    return out
 
 
 def _arm_of(run_dir: Path) -> tuple[str, dict[str, Any]]:
@@ -413,13 +418,9 @@ def plot_ablation(run_dirs: Sequence[str | Path], out_path: str | Path) -> Path:
         ax2.set_yticks(ys, [f"{a['label']} (n={len(a['finals'])})" for a in arms], fontsize=7)
         ax2.set_xlabel("final eval accuracy (mean ± std over seeds)")
         ax2.grid(True, axis="x", alpha=0.3)
-        fig.tight_layout()
-        out = Path(out_path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=100)
+        return _save(fig, out_path)
     finally:
         plt.close(fig)
-    return out
 
 
 def plot_comparison(run_dirs: Sequence[str | Path], out_path: str | Path) -> Path:
