@@ -23,13 +23,26 @@ SETTINGS = [
 ]
 
 
+#: Extra settings per variant: every stateful piece must resume bit-identically.
+VARIANTS = {
+    "gaussian": [],
+    # adaptive clip norm + its count-noise stream, DiSK's d_{t-1}, AdamBC moments and φ, filter trace
+    "adaptive-disk-adambc": ["clipping.adaptive=true", "clipping.count_stddev=2.0", "filter.name='disk'",
+                             "server.optimizer='adambc'", "filter.trace_coordinates=8"],
+    # client error-feedback states, BLT MF noise buffers (epochs), DOPPLER history
+    "ef-blt-doppler": ["client.error_feedback='client'", "sampling.scheme='epochs'", "sampling.min_sep=3",
+                       "sampling.cohort_size=8", "privacy.mechanism='blt'", "filter.name='doppler'",
+                       "server.optimizer='sgd'"],
+}
+
+
 def _cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "fedsim.cli", "run", "--quiet", *args]
 
 
-def _sets() -> list[str]:
+def _sets(variant: str = "gaussian") -> list[str]:
     out = []
-    for s in SETTINGS:
+    for s in SETTINGS + VARIANTS[variant]:
         out += ["--set", s]
     return out
 
@@ -42,9 +55,10 @@ def _strip(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
 
 
-def test_sigkill_then_resume_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_sigkill_then_resume_is_bit_identical(tmp_path, variant):
     crashed, clean = tmp_path / "crashed", tmp_path / "clean"
-    proc = subprocess.Popen(_cmd(*_sets(), "--out", str(crashed)), start_new_session=True,
+    proc = subprocess.Popen(_cmd(*_sets(variant), "--out", str(crashed)), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
     try:
@@ -64,7 +78,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
 
     r = subprocess.run(_cmd("--resume", str(crashed)), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = subprocess.run(_cmd(*_sets(), "--out", str(clean)), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(_cmd(*_sets(variant), "--out", str(clean)), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
 
     a, b = json.loads((crashed / "summary.json").read_text()), json.loads((clean / "summary.json").read_text())
@@ -73,6 +87,12 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
     assert _strip(_rows(crashed)) == _strip(_rows(clean))
     la, lb = json.loads((crashed / "ledger.json").read_text()), json.loads((clean / "ledger.json").read_text())
     assert la == lb
+    if (clean / "filter_trace.npz").exists():
+        import numpy as np
+
+        ta, tb = np.load(crashed / "filter_trace.npz"), np.load(clean / "filter_trace.npz")
+        assert all(np.array_equal(ta[k], tb[k]) for k in ("index", "before", "after"))
+        assert ta["before"].shape[0] == 6
 
 
 def test_resume_refuses_privacy_relevant_changes(tmp_path):
