@@ -1,8 +1,9 @@
 """The ``fedsim`` command.
 
 Commands: ``run`` (train an experiment), ``privacy`` (ε or z without training),
-``report`` (plots and a comparison table of run folders), ``data`` (population
-statistics). User errors print one message (no traceback) and exit with status 2.
+``report`` (plots and a comparison table of run folders), ``data`` (``describe`` a config's
+population; ``show``/``stats`` of the Stack Overflow files), ``factorize``, ``audit``. User
+errors print one message (no traceback) and exit with status 2.
 """
 
 from __future__ import annotations
@@ -218,9 +219,21 @@ def factorize(
         typer.echo(json.dumps(result, indent=1))
 
 
-@app.command()
-def data(config: ConfigArg = None, set_: SetOpt = None,
-         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+data_app = typer.Typer(no_args_is_help=False, help="Datasets: describe the config's data, or inspect the "
+                                                     "Stack Overflow files (show, stats).")
+app.add_typer(data_app, name="data")
+
+
+@data_app.callback(invoke_without_command=True)
+def _data_default(ctx: typer.Context) -> None:
+    """Without a subcommand: ``describe`` the default experiment's dataset."""
+    if ctx.invoked_subcommand is None:
+        describe(None, None, False)
+
+
+@data_app.command()
+def describe(config: ConfigArg = None, set_: SetOpt = None,
+             as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Build (once) and describe the config's federated dataset: population, examples per user.
 
     CONFIG is an experiment TOML (default: experiments/shakespeare_default.toml).
@@ -239,6 +252,73 @@ def data(config: ConfigArg = None, set_: SetOpt = None,
             "train_examples_per_user": {"min": int(ex.min()), "median": float(np.median(ex)),
                                         "mean": float(ex.mean()), "max": int(ex.max())}}
     typer.echo(json.dumps(info) if as_json else json.dumps(info, indent=1))
+
+
+SO_NAMES = ("stackoverflow_nwp", "stackoverflow_tag")
+RootOpt = Annotated[Path, typer.Option("--root", help="Folder with the Stack Overflow files (as downloaded "
+                                                       "or extracted).")]
+
+
+def _so_name(name: str) -> None:
+    if name not in SO_NAMES:
+        raise FedsimError(f"dataset {name!r}: `fedsim data show/stats` know {', '.join(SO_NAMES)}")
+
+
+@data_app.command()
+def show(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackoverflow_tag")],
+         root: RootOpt,
+         split: Annotated[str, typer.Option("--split", help="train | heldout | test")] = "train",
+         client: Annotated[str, typer.Option("--client", help="The client id (opaque text).")] = "",
+         vocab_size: Annotated[int, typer.Option("--vocab-size", help="NWP: V.")] = 10000,
+         seq_len: Annotated[int, typer.Option("--seq-len", help="NWP: L.")] = 20,
+         num_oov_buckets: Annotated[int, typer.Option("--num-oov-buckets", help="NWP: k.")] = 1,
+         word_vocab_size: Annotated[int, typer.Option("--word-vocab-size", help="Tags: W.")] = 10000,
+         tag_vocab_size: Annotated[int, typer.Option("--tag-vocab-size", help="Tags: T.")] = 500,
+         limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N examples.")] = None,
+         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """One client's examples in stored order: the six raw fields and, for NWP, ``ids``, ``x``, ``y``
+    (TFF's preprocessing), for tags ``x`` (length W) and ``y`` (length T)."""
+    _so_name(name)
+    if not client:
+        raise FedsimError("--client ID is required (the opaque client id; see `fedsim data stats`)")
+    from fedsim.data.stackoverflow.database import StackOverflowDB
+    from fedsim.data.stackoverflow.example_proto import decode_example
+    from fedsim.data.stackoverflow.files import TAG_COUNT, WORD_COUNT, count_file, sqlite_path
+    from fedsim.data.stackoverflow.preprocess import NWPSpec, tag_xy
+    from fedsim.data.stackoverflow.vocab import load_tag_vocab, load_word_vocab
+
+    db = StackOverflowDB(sqlite_path(root))
+    rows = [decode_example(b) for b in db.examples(split, client, limit)]
+    if not rows and client not in set(db.clients(split)):
+        raise FedsimError(f"client {client!r} is not in split {split!r}")
+    examples = []
+    if name == "stackoverflow_nwp":
+        spec = NWPSpec(load_word_vocab(count_file(root, WORD_COUNT), vocab_size), seq_len, num_oov_buckets)
+        for r in rows:
+            tok = r["tokens"].encode("utf-8")
+            x, y = spec.xy([tok])
+            examples.append({**r, "ids": spec.ids(tok), "x": x[0].tolist(), "y": y[0].tolist()})
+    else:
+        words = {w: i for i, w in enumerate(load_word_vocab(count_file(root, WORD_COUNT), word_vocab_size))}
+        tags = {t: j for j, t in enumerate(load_tag_vocab(count_file(root, TAG_COUNT), tag_vocab_size))}
+        for r in rows:
+            x, y = tag_xy(r["tokens"].encode("utf-8"), r["title"].encode("utf-8"), r["tags"].encode("utf-8"),
+                          words, tags)
+            examples.append({**r, "x": x.tolist(), "y": y.tolist()})
+    out = {"dataset": name, "split": split, "client_id": client, "examples": examples}
+    typer.echo(json.dumps(out, ensure_ascii=False) if as_json else json.dumps(out, indent=1, ensure_ascii=False))
+
+
+@data_app.command()
+def stats(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackoverflow_tag")], root: RootOpt,
+          as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Clients and examples per split, from ``client_metadata``."""
+    _so_name(name)
+    from fedsim.data.stackoverflow.database import StackOverflowDB
+    from fedsim.data.stackoverflow.files import sqlite_path
+
+    out = {"splits": StackOverflowDB(sqlite_path(root)).stats()}
+    typer.echo(json.dumps(out) if as_json else json.dumps(out, indent=1))
 
 
 @app.command()
