@@ -78,6 +78,8 @@ def run(config: ConfigArg = None, set_: SetOpt = None,
         f"{100 * summary['majority_baseline_accuracy']:.2f}%), ε = {eps if isinstance(eps, str) else f'{eps:.3f}'} "
         f"at δ = {summary['delta']:.3g}, {summary['wall_seconds']:.0f} s"
     )
+    for note in summary.get("notes", []):
+        typer.echo(f"note: {note}")
 
 
 @app.command()
@@ -111,6 +113,14 @@ def privacy(config: ConfigArg = None, set_: SetOpt = None,
                    f"N = {population}, {report['rounds']} rounds, z = {report['noise_multiplier']:.4g}: "
                    f"ε = {eps if isinstance(eps, str) else f'{eps:.4f}'} at δ = {report['delta']:.3g} "
                    f"({report['accountant']} accountant, {report['neighboring_relation']} adjacency)")
+        split = report.get("budget_split")
+        if split:
+            typer.echo(f"adaptive clipping takes a share: the update's noise multiplier is "
+                       f"z_Δ = {split['update_noise_multiplier']:.4g}, the count's noise std σ_b = "
+                       f"{split['count_stddev']:.4g} ({split['count_releases_per_user']} release(s) per user); "
+                       f"together as private as z = {split['noise_multiplier']:.4g}")
+        for note in report.get("notes", []):
+            typer.echo(f"note: {note}")
 
 
 def _load_with_target(config: Optional[Path], overrides: list[str], target: float):

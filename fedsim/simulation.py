@@ -117,8 +117,14 @@ def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
     spec = resolve_privacy(cfg, population)
     eps = epsilon(spec, cfg.rounds)
     _, split = resolve_clipping(cfg, spec, scheme_of(cfg, population))
+    notes = []
+    if cfg.client.error_feedback == "server":
+        from fedsim.error_feedback import SERVER_EF_LABEL
+
+        notes.append(SERVER_EF_LABEL)
     return {
         "budget_split": split,
+        "notes": notes,
         "epsilon": eps if math.isfinite(eps) else "inf",
         "delta": spec.delta,
         "noise_multiplier": spec.noise_multiplier,

@@ -131,3 +131,15 @@ def test_config_refusals():
     cfg.validate_population(50)
     # client error feedback works with MF noise
     load_config(None, ["client.error_feedback='client'", "sampling.scheme='epochs'", "privacy.mechanism='blt'"])
+
+
+def test_server_ef_label_in_fedsim_privacy(capsys):
+    from test_cli import run_cli
+
+    args = ["privacy", "--population", "800", "--set", "client.error_feedback='server'", "--set",
+            "sampling.scheme='poisson'", "--set", "privacy.mechanism='gaussian'", "--set",
+            "privacy.noise_multiplier=1.0", "--set", "sampling.cohort_size=40", "--set", "rounds=5"]
+    code, out, _ = run_cli(capsys, *args)
+    assert code == 0 and "EXPERIMENTAL" in out and "Theorem 3.7" in out
+    code, out, _ = run_cli(capsys, *args, "--json")
+    assert any("EXPERIMENTAL" in n for n in __import__("json").loads(out)["notes"])
