@@ -8,7 +8,8 @@ arm from the grid ``--lrs`` on seed 0 (best final accuracy), then run on the oth
 
 Scale (to fit a 2-core machine): 280 users (seeded subset), cohort 20 (Poisson q = 1/14, or
 14 epochs groups of 20), 70 rounds (each user about 5 times), ``shakespeare_lstm_small``,
-z = 1.0 for both mechanisms; evaluation after the last round on 100 users.
+z = 1.0 for both mechanisms, client SGD step 2.0 (as the default experiment); evaluation after the
+last round on 100 users.
 
 Run: ``python experiments/filter_ablation.py [--seeds 3] [--lrs 1.0 2.5] [--out DIR]``. Writes one
 run folder per (arm, lr, seed) under ``--out`` and ``ablation.json`` with every final accuracy;
@@ -24,8 +25,8 @@ from pathlib import Path
 
 from fedsim.config import load_config
 
-BASE = ["rounds=70", "model.name='shakespeare_lstm_small'", "data.max_users=280", "client.max_examples=32", "client.lr=2.0",
-        "eval.every=0", "eval.max_users=100", "eval.max_examples_per_user=32", "server.optimizer='sgd'",
+BASE = ["rounds=70", "model.name='shakespeare_lstm_small'", "data.max_users=280", "client.max_examples=32",
+        "client.lr=2.0", "eval.every=0", "eval.max_users=100", "eval.max_examples_per_user=32", "server.optimizer='sgd'",
         "privacy.noise_multiplier=1.0", "sim.num_workers=2"]
 MECHS = {
     "gaussian": ["sampling.scheme='poisson'", "sampling.cohort_size=20", "privacy.mechanism='gaussian'"],
