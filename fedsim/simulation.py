@@ -31,7 +31,7 @@ from torch.nn.utils import parameters_to_vector
 
 from fedsim.checkpoint import save_checkpoint
 from fedsim.config import Config
-from fedsim.data import DataSpec, FederatedText, load_federated
+from fedsim.data import DataSpec, FederatedData, load_federated
 from fedsim.errors import FedsimError
 from fedsim.metrics import MetricsWriter, ProgressLine
 from fedsim.models import make_model, num_parameters
@@ -170,7 +170,7 @@ class Prepared:
     """Everything built before the simulation starts (nothing has run yet)."""
 
     cfg: Config
-    data: FederatedText
+    data: FederatedData
     spec: AccountingSpec
     scheme: ParticipationScheme
     plan: MFPlan | None
@@ -197,7 +197,7 @@ def prepare(cfg: Config, extra_users: int = 0) -> Prepared:
         plan = plan_mf(p.mechanism, scheme, cfg.rounds, workload=p.workload, momentum=cfg.server.momentum,
                        bands=p.bands, buffers=p.buffers, tau=p.tau, objective=p.objective,
                        tree_estimator=p.tree_estimator)
-    model = make_model(cfg.model.name, data.vocab_size, seed=derive_seed(cfg.seed, "model"),
+    model = make_model(cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"),
                        dp_layers=cfg.privacy.unit == "example")
     x0 = parameters_to_vector(model.parameters()).detach().to(torch.float32)
     if cfg.client.error_feedback == "client":
@@ -414,9 +414,14 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     else:
         eval_users = list(range(pop))
     eval_costs = np.array([min(data.num_test(u), cfg.eval.max_examples_per_user) for u in range(pop)])
-    _, baseline = data.majority_baseline(eval_users, cfg.eval.max_examples_per_user)
+    majority = data.majority_baseline(eval_users, cfg.eval.max_examples_per_user)
+    baseline = None if majority is None else majority[1]
 
-    state: dict[str, Any] = {"last_eval": None}
+    state: dict[str, Any] = {"last_eval": None, "last_eval_metrics": None}
+
+    def eval_metrics(row: dict[str, Any]) -> dict[str, float]:
+        return {k: row[k] for k in sorted(row) if k.startswith("eval_") and k not in ("eval_examples",)
+                and row[k] is not None}
     if resume:
         server.load_state_dict(ckpt["server"])
         sampler.load_state_dict(ckpt["sampler"])
@@ -430,6 +435,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         for row in _truncate_lines(out / "metrics.jsonl", done):
             if row.get("eval_accuracy") is not None:
                 state["last_eval"] = row["eval_accuracy"]
+                state["last_eval_metrics"] = eval_metrics(row)
     writer = MetricsWriter(out / "metrics.jsonl")
     line = ProgressLine(cfg.rounds, enabled=progress)
 
@@ -442,6 +448,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         writer.write(row)
         if row.get("eval_accuracy") is not None:
             state["last_eval"] = row["eval_accuracy"]
+            state["last_eval_metrics"] = eval_metrics(row)
         r = row["round"]
         if r % cfg.checkpoint.every == 0 or r == cfg.rounds:
             save_checkpoint(out / "checkpoint", {
@@ -506,6 +513,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     summary = {
         "name": cfg.name,
         "final_eval_accuracy": state["last_eval"],
+        "final_eval_metrics": state["last_eval_metrics"],
         "majority_baseline_accuracy": baseline,
         "epsilon": eps if math.isfinite(eps) else "inf",
         "delta": spec.delta,

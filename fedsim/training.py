@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
-from fedsim.data import FederatedText
+from fedsim.data import FederatedData
 from fedsim.privacy.clipping import clip_vector
 from fedsim.seeding import make_generator
 
@@ -73,7 +73,7 @@ class UserResult:
     clipped: bool
 
 
-def local_delta(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: int,
+def local_delta(model: nn.Module, x0: torch.Tensor, data: FederatedData, user: int,
                 round_index: int, seed: int, spec: LocalTraining) -> tuple[torch.Tensor, float, int]:
     """Local SGD for ``user`` from the flat parameters ``x0``; return ``(Δ, mean loss, samples)``
     with ``Δ = x_local − x0`` (unclipped, on the model's device).
@@ -90,7 +90,7 @@ def local_delta(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: i
     g = make_generator(seed, "client", int(round_index), int(user))
     n = data.num_train(user)
     loss_sum, steps, seen = 0.0, 0, 0
-    lossf = nn.functional.cross_entropy
+    lossf = data.loss
     for _ in range(spec.epochs):
         perm = torch.randperm(n, generator=g)[: spec.max_examples].numpy()
         for s in range(0, len(perm), spec.batch_size):
@@ -148,7 +148,7 @@ class DiskClient:
         return d_y.mul_(self.a).add_(d_x, alpha=1.0 - self.a)
 
 
-def user_delta(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: int,
+def user_delta(model: nn.Module, x0: torch.Tensor, data: FederatedData, user: int,
                round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
                d_prev: torch.Tensor | None = None, example_dp: Any = None) -> tuple[torch.Tensor, float, int]:
     """The user's unclipped update from ``x0``: ``(Δ, loss, samples)``.
@@ -164,7 +164,7 @@ def user_delta(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: in
 
         samples = capped_samples(data, user, round_index, seed, spec.max_examples)
         return local_delta_example_dp(model, x0, samples, round_index, user, seed, spec.lr,
-                                      spec.batch_size, spec.epochs, example_dp)
+                                      spec.batch_size, spec.epochs, example_dp, loss_fn=data.loss)
     if disk is None:
         return local_delta(model, x0, data, user, round_index, seed, spec)
     if d_prev is None:
@@ -180,7 +180,7 @@ def user_delta(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: in
     return delta, stats[-1][0], stats[-1][1]
 
 
-def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedText, user: int,
+def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedData, user: int,
                    round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
                    d_prev: torch.Tensor | None = None, example_dp: Any = None) -> tuple[torch.Tensor, UserResult]:
     """Train ``user`` from the flat parameters ``x0``; return ``(clip(Δ, c), result)``
@@ -192,7 +192,7 @@ def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedText, user
     return clipped.cpu(), UserResult(user, loss, seen, norm, norm > spec.clip_norm)
 
 
-def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedText, users: list[int],
+def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedData, users: list[int],
                 round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
                 d_prev: torch.Tensor | None = None, example_dp: Any = None) -> tuple[torch.Tensor, list[UserResult]]:
     """Train each user from ``x0``; return the running sum of their clipped deltas and their results.
@@ -207,7 +207,7 @@ def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedText, users: 
     return total, results
 
 
-def train_users_ef(model: nn.Module, x0: torch.Tensor, data: FederatedText, users: list[int],
+def train_users_ef(model: nn.Module, x0: torch.Tensor, data: FederatedData, users: list[int],
                    round_index: int, seed: int, spec: LocalTraining, mode: str, ef_clip: float,
                    states: dict[int, torch.Tensor] | None = None, disk: DiskClient | None = None,
                    d_prev: torch.Tensor | None = None, example_dp: Any = None
@@ -246,20 +246,20 @@ def train_users_ef(model: nn.Module, x0: torch.Tensor, data: FederatedText, user
 
 
 @torch.no_grad()
-def evaluate_users(model: nn.Module, x: torch.Tensor, data: FederatedText, users: list[int],
-                   max_examples: int | None) -> tuple[float, int, int]:
-    """Test loss sum, correct predictions and sample count over ``users``' test samples."""
+def evaluate_users(model: nn.Module, x: torch.Tensor, data: FederatedData, users: list[int],
+                   max_examples: int | None) -> dict[str, float]:
+    """Evaluation sums over ``users``' test samples (:meth:`eval_sums` of the dataset, summed):
+    ``loss_sum``/``loss_count``, ``correct``/``count`` (the headline accuracy), ``examples`` and
+    any dataset-specific ``<name>_correct``/``<name>_count`` pairs."""
     params = list(model.parameters())
     dev = params[0].device
     load_flat_(params, x.to(dev))
     model.eval()
-    loss_sum, correct, count = 0.0, 0, 0
+    sums: dict[str, float] = {}
     for u in users:
         xb, yb = data.test_samples(u, max_examples)
         xb, yb = xb.to(dev), yb.to(dev)
         for s in range(0, len(yb), 256):
-            logits = model(xb[s: s + 256])
-            loss_sum += float(nn.functional.cross_entropy(logits, yb[s: s + 256], reduction="sum"))
-            correct += int((logits.argmax(-1) == yb[s: s + 256]).sum())
-        count += len(yb)
-    return loss_sum, correct, count
+            for k, v in data.eval_sums(model(xb[s: s + 256]), yb[s: s + 256]).items():
+                sums[k] = sums.get(k, 0.0) + v
+    return sums

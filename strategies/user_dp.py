@@ -286,23 +286,34 @@ class UserLevelDPStrategy(Strategy):
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        loss_sum, correct, count, failed = 0.0, 0, 0, 0
+        """Sum the workers' evaluation counts (in canonical order) and derive ``eval_loss``
+        (``loss_sum/loss_count``), ``eval_accuracy`` (``correct/count``), ``eval_examples`` and,
+        for every ``<name>_correct``/``<name>_count`` pair, ``eval_<name>``."""
+        failed = 0
         parts = []
         for msg in replies:
             node = msg.metadata.src_node_id
             m = None if msg.has_error() else msg.content.metric_records.get(protocol.METRICS)
-            if node not in self._eval_assigned or m is None:
+            if node not in self._eval_assigned or m is None or "count" not in m or "loss_sum" not in m:
                 failed += 1
                 continue
             parts.append((self._eval_assigned[node], m))
+        sums: dict[str, float] = {}
         for _, m in sorted(parts, key=lambda p: p[0]):  # canonical order (bit-identical runs)
-            loss_sum += float(m["loss_sum"])
-            correct += int(m["correct"])
-            count += int(m["count"])
-        if count == 0:
+            for k in m:
+                sums[k] = sums.get(k, 0.0) + float(m[k])
+        count = sums.get("count", 0.0)
+        if count <= 0:
             return None
-        return MetricRecord({"eval_loss": loss_sum / count, "eval_accuracy": correct / count,
-                             "eval_examples": count, "eval_failed_replies": failed})
+        out: dict[str, float | int] = {
+            "eval_loss": sums["loss_sum"] / max(sums.get("loss_count", count), 1e-300),
+            "eval_accuracy": sums.get("correct", 0.0) / count,
+            "eval_examples": int(sums.get("examples", count)), "eval_failed_replies": failed}
+        for k in sorted(sums):
+            if k.endswith("_correct") and sums.get(k[: -len("_correct")] + "_count", 0.0) > 0:
+                name = k[: -len("_correct")]
+                out[f"eval_{name}"] = sums[k] / sums[name + "_count"]
+        return MetricRecord(out)
 
     def summary(self) -> None:
         """Flower hook; the run folder holds fedsim's summary."""
@@ -335,7 +346,7 @@ class UserLevelDPStrategy(Strategy):
                 ev = self.aggregate_evaluate(server_round,
                                              grid.send_and_receive(ev_msgs, timeout=self.round_timeout))
                 if ev is not None:
-                    row.update({k: ev[k] for k in ("eval_loss", "eval_accuracy", "eval_examples")})
+                    row.update({k: ev[k] for k in ev if k != "eval_failed_replies"})
             row["seconds"] = time.perf_counter() - t0
             if self.on_round_end is not None:
                 self.on_round_end(row, self)

@@ -1,6 +1,10 @@
 """Federated datasets: a population of users, each with train and test samples.
 
-:func:`load_federated` returns a :class:`FederatedText` for ``data.name``; it is
+:func:`load_federated` returns the dataset for ``data.name``: a :class:`FederatedText`
+(``shakespeare``) or a :class:`~fedsim.data.stackoverflow.dataset.StackOverflowFederated`
+(``stackoverflow_nwp``, ``stackoverflow_tag``). Both offer the same interface to training:
+``population``, ``num_train``/``num_test``, ``train_samples``/``test_samples``, ``task``,
+``model_dims()``, ``loss(out, y)`` and ``eval_sums(out, y)``. It is
 cached per process, so a simulation worker builds it once and reuses it for every
 message. Users are indexed ``0..N−1`` in a stable order; ``data.max_users`` keeps a
 seeded subset (seed ``data.subset_seed``) whose size is the population that is
@@ -12,12 +16,14 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from fedsim.config import DataConfig
 from fedsim.data import shakespeare
+from fedsim.data.counts import UserCounts
 from fedsim.errors import FedsimError
 
 
@@ -31,10 +37,18 @@ class DataSpec:
     min_chars: int
     window: int
     cache_dir: str | None
+    root: str | None = None
+    vocab_size: int = 10000
+    tag_vocab_size: int = 500
+    seq_len: int = 20
+    num_oov_buckets: int = 1
+    max_elements_per_user: int = 256
 
     @classmethod
     def from_config(cls, cfg: DataConfig) -> "DataSpec":
-        return cls(cfg.name, cfg.max_users, cfg.subset_seed, cfg.min_chars, cfg.window, cfg.cache_dir)
+        return cls(cfg.name, cfg.max_users, cfg.subset_seed, cfg.min_chars, cfg.window, cfg.cache_dir,
+                   cfg.root, cfg.vocab_size, cfg.tag_vocab_size, cfg.seq_len, cfg.num_oov_buckets,
+                   cfg.max_elements_per_user)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -44,13 +58,34 @@ class DataSpec:
         return cls(**json.loads(s))
 
 
-class FederatedText:
+class FederatedData(Protocol):
+    """What training and evaluation need from a federated dataset."""
+
+    task: str
+    vocab_size: int
+
+    @property
+    def population(self) -> int: ...
+    def num_train(self, u: int) -> int: ...
+    def num_test(self, u: int) -> int: ...
+    def examples_per_user(self) -> np.ndarray: ...
+    def model_dims(self) -> dict[str, int]: ...
+    def train_samples(self, u: int, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def test_samples(self, u: int, max_examples: int | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
+    def eval_sums(self, out: torch.Tensor, y: torch.Tensor) -> dict[str, float]: ...
+    def majority_baseline(self, users: list[int], max_examples: int | None = None) -> tuple[int, float] | None: ...
+
+
+class FederatedText(UserCounts):
     """Next-character prediction data of a population of users.
 
     Each user ``u`` has encoded text ``x`` (uint8 ids) of length ``L``; sample ``j``
     (``0 ≤ j < L − w``) is ``(x[j:j+w], x[j+w])``. Samples ``j < ⌊0.8·(L−w)⌋`` are
     train, the rest test.
     """
+
+    task = "char"
 
     def __init__(self, names: list[str], texts: list[np.ndarray], window: int, vocab_size: int) -> None:
         self.names = names
@@ -61,19 +96,19 @@ class FederatedText:
         self._num_train = np.floor(shakespeare.TRAIN_FRACTION * m).astype(np.int64)
         self._num_test = m - self._num_train
 
-    @property
-    def population(self) -> int:
-        return len(self.texts)
+    def model_dims(self) -> dict[str, int]:
+        """What the model needs: ``vocab_size``."""
+        return {"vocab_size": self.vocab_size}
 
-    def num_train(self, u: int) -> int:
-        return int(self._num_train[u])
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The training loss of a batch: mean cross-entropy of the next character."""
+        return torch.nn.functional.cross_entropy(out, y)
 
-    def num_test(self, u: int) -> int:
-        return int(self._num_test[u])
-
-    def examples_per_user(self) -> np.ndarray:
-        """Train samples per user (array of length N)."""
-        return self._num_train.copy()
+    def eval_sums(self, out: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """Summable evaluation counts of a batch (``loss_sum``/``loss_count``, ``correct``/``count``)."""
+        n = float(len(y))
+        return {"loss_sum": float(torch.nn.functional.cross_entropy(out, y, reduction="sum")),
+                "loss_count": n, "correct": float((out.argmax(-1) == y).sum()), "count": n, "examples": n}
 
     def _samples(self, u: int, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.texts[u]
@@ -117,11 +152,36 @@ def _subset(n: int, k: int | None, seed: int) -> list[int]:
     return sorted(rng.choice(n, size=k, replace=False).tolist())
 
 
+SO_TASKS = {"stackoverflow_nwp": "nwp", "stackoverflow_tag": "tag"}
+
+
+def _load_stackoverflow(spec: DataSpec) -> FederatedData:
+    from fedsim.data.stackoverflow.database import StackOverflowDB
+    from fedsim.data.stackoverflow.dataset import SOSettings, StackOverflowFederated
+    from fedsim.data.stackoverflow.files import sqlite_path
+
+    if not spec.root:
+        raise FedsimError(f"data.name = {spec.name!r} needs data.root: the folder with the TFF Stack Overflow "
+                          f"files (stackoverflow.sqlite[.lzma], stackoverflow.word_count[.tar.bz2], "
+                          f"stackoverflow.tag_count[.tar.bz2])")
+    n_all = len(StackOverflowDB(sqlite_path(spec.root, spec.cache_dir)).clients("train"))
+    keep = None if spec.max_users is None or spec.max_users >= n_all else _subset(n_all, spec.max_users,
+                                                                                  spec.subset_seed)
+    settings = SOSettings(SO_TASKS[spec.name], spec.vocab_size, spec.tag_vocab_size, spec.seq_len,
+                          spec.num_oov_buckets, spec.max_elements_per_user)
+    data = StackOverflowFederated(spec.root, settings, spec.cache_dir, keep)
+    if data.population < 2:
+        raise FedsimError(f"data: {spec.root} has {data.population} train client(s); at least 2 are needed")
+    return data
+
+
 @functools.lru_cache(maxsize=4)
-def load_federated(spec: DataSpec) -> FederatedText:
+def load_federated(spec: DataSpec) -> FederatedData:
     """Load (building once if needed) the federated dataset described by ``spec``."""
+    if spec.name in SO_TASKS:
+        return _load_stackoverflow(spec)
     if spec.name != "shakespeare":
-        raise FedsimError(f"data.name = {spec.name!r}: allowed is 'shakespeare'")
+        raise FedsimError(f"data.name = {spec.name!r}: allowed are 'shakespeare', {', '.join(map(repr, SO_TASKS))}")
     import datasets
     from flwr_datasets.partitioner import NaturalIdPartitioner
 

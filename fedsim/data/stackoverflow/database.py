@@ -76,6 +76,15 @@ class StackOverflowDB:
         rows = self._query("SELECT DISTINCT client_id FROM client_metadata WHERE split_name = ?", (split,))
         return sorted(r[0] for r in rows)
 
+    def client_counts(self, split: str) -> tuple[list[str], list[int]]:
+        """The sorted client ids of ``split`` and each one's ``num_examples`` (summed over
+        duplicate metadata rows), from ``client_metadata``."""
+        _check_split(split)
+        rows = self._query("SELECT client_id, SUM(num_examples) FROM client_metadata WHERE split_name = ? "
+                           "GROUP BY client_id", (split,))
+        rows.sort(key=lambda r: r[0])
+        return [r[0] for r in rows], [int(r[1] or 0) for r in rows]
+
     def examples(self, split: str, client_id: str, limit: int | None = None) -> list[bytes]:
         """The serialized examples of (``split``, ``client_id``) in stored (rowid) order; at most
         ``limit`` (the first ones) when given."""
