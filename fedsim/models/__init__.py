@@ -8,9 +8,18 @@
 - ``so_tag_logreg`` (task ``tag``): TFF's tag model, one dense layer ``W → T`` whose sigmoid
   gives each tag's probability (:class:`TagLogReg`; the sigmoid is inside the loss). With
   ``W = 10000``, ``T = 500``: 5,000,500 parameters.
+- ``femnist_cnn`` (task ``femnist``): LEAF's / FedAvg's CNN (two 5×5 conv layers of 32 and 64
+  channels, each with 2×2 max-pooling, dense 2048, dense 62): 6,603,710 parameters.
+  ``femnist_cnn_small``: 16 and 32 channels, dense 128.
+- ``cifar100_resnet18_gn`` (task ``cifar100``): ResNet-18 for 32×32 inputs (3×3 stem, no
+  max-pool) with group normalization (2 groups) instead of batch normalization, the usual
+  federated choice (batch statistics do not survive averaging): 11,220,132 parameters.
+  ``cifar100_cnn_small``: two 3×3 conv layers of 32 and 64 channels, dense 256.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -96,20 +105,83 @@ class TagLogReg(nn.Module):
         return self.linear(x)
 
 
+class SmallCNN(nn.Module):
+    """Two conv blocks (conv → ReLU → 2×2 max-pool) and two dense layers.
+
+    Parameters
+    ----------
+    channels, size, num_classes : the input's channels and side, and the classes.
+    widths : the two conv layers' channels.
+    kernel : conv kernel side (padding keeps the side).
+    hidden : the dense layer's width.
+    """
+
+    def __init__(self, channels: int, size: int, num_classes: int, widths: tuple[int, int] = (32, 64),
+                 kernel: int = 5, hidden: int = 2048, dp_layers: bool = False) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, widths[0], kernel, padding=kernel // 2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(widths[0], widths[1], kernel, padding=kernel // 2), nn.ReLU(), nn.MaxPool2d(2))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(widths[1] * (size // 4) ** 2, hidden), nn.ReLU(),
+                                        nn.Linear(hidden, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class _Block(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, groups: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.n1 = nn.GroupNorm(groups, cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.n2 = nn.GroupNorm(groups, cout)
+        self.short = (nn.Sequential() if stride == 1 and cin == cout else
+                      nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(groups, cout)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.n1(self.conv1(x)))
+        return torch.relu(self.n2(self.conv2(h)) + self.short(x))
+
+
+class ResNet18GN(nn.Module):
+    """ResNet-18 for small images: 3×3 stem, four stages of two basic blocks (64, 128, 256, 512
+    channels), GroupNorm with ``groups`` groups, global average pooling, dense over the classes."""
+
+    def __init__(self, channels: int, size: int, num_classes: int, groups: int = 2, dp_layers: bool = False) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(channels, 64, 3, 1, 1, bias=False), nn.GroupNorm(groups, 64), nn.ReLU())
+        blocks, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            blocks += [_Block(cin, cout, stride, groups), _Block(cout, cout, 1, groups)]
+            cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+
+
 #: name → (task, class, fixed keyword arguments)
-MODELS: dict[str, tuple[str, type[nn.Module], dict[str, int]]] = {
+MODELS: dict[str, tuple[str, type[nn.Module], dict[str, Any]]] = {
     "shakespeare_lstm": ("char", CharLSTM, dict(embed_dim=8, hidden=256, layers=2)),
     "shakespeare_lstm_small": ("char", CharLSTM, dict(embed_dim=8, hidden=64, layers=2)),
     "so_nwp_lstm": ("nwp", WordLSTM, dict(embed_dim=96, hidden=670)),
     "so_nwp_lstm_small": ("nwp", WordLSTM, dict(embed_dim=16, hidden=64)),
     "so_tag_logreg": ("tag", TagLogReg, {}),
+    "femnist_cnn": ("femnist", SmallCNN, dict(widths=(32, 64), kernel=5, hidden=2048)),
+    "femnist_cnn_small": ("femnist", SmallCNN, dict(widths=(16, 32), kernel=5, hidden=128)),
+    "cifar100_resnet18_gn": ("cifar100", ResNet18GN, dict(groups=2)),
+    "cifar100_cnn_small": ("cifar100", SmallCNN, dict(widths=(32, 64), kernel=3, hidden=256)),
 }
 #: the task of each dataset (``data.name``)
-DATA_TASKS = {"shakespeare": "char", "stackoverflow_nwp": "nwp", "stackoverflow_tag": "tag"}
+DATA_TASKS = {"shakespeare": "char", "shakespeare_leaf": "char", "stackoverflow_nwp": "nwp",
+              "stackoverflow_tag": "tag",
+              "femnist": "femnist", "cifar100": "cifar100"}
 
 
 def model_task(name: str) -> str:
-    """The task (``char``, ``nwp``, ``tag``) that model ``name`` is built for."""
+    """The task (``char``, ``nwp``, ``tag``, ``femnist``, ``cifar100``) model ``name`` is built for."""
     if name not in MODELS:
         raise FedsimError(f"model.name = {name!r}: allowed are {', '.join(MODELS)}")
     return MODELS[name][0]
@@ -124,7 +196,9 @@ def make_model(name: str, dims: int | dict[str, int], seed: int = 0, dp_layers: 
     task, cls, kwargs = MODELS[name]
     if isinstance(dims, int):
         dims = {"vocab_size": dims}
-    want = {"char": ("vocab_size",), "nwp": ("num_classes",), "tag": ("in_features", "out_features")}[task]
+    image = ("channels", "num_classes", "size")
+    want = {"char": ("vocab_size",), "nwp": ("num_classes",), "tag": ("in_features", "out_features"),
+            "femnist": image, "cifar100": image}[task]
     if tuple(sorted(dims)) != tuple(sorted(want)):
         raise FedsimError(f"model.name = {name!r} is a {task!r} model; the dataset gives {sorted(dims)} "
                           f"(pick a model for the dataset's task)")
