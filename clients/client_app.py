@@ -9,16 +9,18 @@ per-user metrics. Individual updates are never logged or persisted.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import replace
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsim import protocol
-from fedsim.data import load_federated
+from fedsim.data import DataSpec
+from fedsim.deploy.nodes import node_data
 from fedsim.models import make_model
 from fedsim.training import evaluate_users, train_users, train_users_ef
 
@@ -28,20 +30,23 @@ _lock = threading.Lock()
 _workers: dict[str, tuple] = {}
 
 
-def _worker(task_json: str) -> tuple:
-    """(task, data, model) for this task, built once per process."""
+def _worker(task_json: str, node_config: dict | None = None) -> tuple:
+    """(task, data, model) for this task, built once per process. With a deployment node
+    config (``data-root``, ``user-shard``), ``data`` is this node's users, indexed locally."""
+    node_config = dict(node_config or {})
+    key = task_json + json.dumps({k: str(v) for k, v in node_config.items()}, sort_keys=True)
     with _lock:
-        if task_json not in _workers:
+        if key not in _workers:
             task = protocol.Task.from_json(task_json)
             torch.set_num_threads(max(1, task.threads))
-            data = load_federated(task.data)
+            data = node_data(task.data, node_config)
             model = make_model(task.model, data.model_dims(), seed=task.model_seed,
                                dp_layers=task.example_dp is not None)
             if task.use_gpu and torch.cuda.is_available():
                 model = model.to("cuda")
             _workers.clear()  # one task per process at a time
-            _workers[task_json] = (task, data, model)
-        return _workers[task_json]
+            _workers[key] = (task, data, model)
+        return _workers[key]
 
 
 def _params(msg: Message) -> torch.Tensor:
@@ -51,7 +56,7 @@ def _params(msg: Message) -> torch.Tensor:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     cfg = msg.content[protocol.CONFIG]
-    task, data, model = _worker(str(cfg["task"]))
+    task, data, model = _worker(str(cfg["task"]), context.node_config)
     users = [int(u) for u in cfg["user_ids"]]
     x0 = _params(msg)
     local = task.local
@@ -98,8 +103,21 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     cfg = msg.content[protocol.CONFIG]
-    task, data, model = _worker(str(cfg["task"]))
+    task, data, model = _worker(str(cfg["task"]), context.node_config)
     users = [int(u) for u in cfg["user_ids"]]
     sums = evaluate_users(model, _params(msg), data, users, int(cfg["max_examples"]))
     metrics = MetricRecord({k: float(v) for k, v in sums.items()})
     return Message(content=RecordDict({protocol.METRICS: metrics}), reply_to=msg)
+
+
+@app.query()
+def census(msg: Message, context: Context) -> Message:
+    """Deployment: report this node's users (names, train and test sample counts) and the
+    model dimensions of its data, for the data spec in the message."""
+    spec = DataSpec.from_json(str(msg.content[protocol.CONFIG]["data"]))
+    data = node_data(spec, dict(context.node_config))
+    metrics = MetricRecord({"num_train": [int(data.num_train(u)) for u in range(data.population)],
+                            "num_test": [int(data.num_test(u)) for u in range(data.population)]})
+    cfg = ConfigRecord({"names": [str(n) for n in data.names], "dims": json.dumps(data.model_dims()),
+                        "task": str(data.task)})
+    return Message(content=RecordDict({protocol.METRICS: metrics, protocol.CONFIG: cfg}), reply_to=msg)

@@ -397,6 +397,26 @@ def audit(config: ConfigArg = None, set_: SetOpt = None,
     )
 
 
+deploy_app = typer.Typer(no_args_is_help=True, help="Deployment on Flower's Deployment Engine: "
+                                                    "certificates and SuperNode keys.")
+app.add_typer(deploy_app, name="deploy")
+
+
+@deploy_app.command()
+def certs(out: Annotated[Path, typer.Option("--out", help="Empty folder for the files.")],
+          host: Annotated[list[str], typer.Option("--host", help="A host name or IP address clients use to reach "
+                                                               "the SuperLink (repeat).")],
+          nodes: Annotated[int, typer.Option("--nodes", help="SuperNode key pairs to create.")] = 3,
+          days: Annotated[int, typer.Option("--days", help="Validity in days.")] = 365,
+          as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """A CA, the SuperLink's TLS certificate for the --host names, and SuperNode key pairs
+    (node-0, node-0.pub, …; register the .pub files with `flwr supernode register`)."""
+    from fedsim.deploy.certs import make_all
+
+    made = make_all(out, list(host), nodes, days)
+    typer.echo(json.dumps(made) if as_json else "\n".join(f"{k}: {', '.join(v)}" for k, v in made.items()))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the Typer app, turning :class:`FedsimError` into a clean message."""
     try:

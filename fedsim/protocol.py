@@ -14,7 +14,12 @@ Train reply (node → server):
   ``metrics`` MetricRecord ``num_users``, ``user_ids``, ``user_loss``,
                            ``user_examples``, ``num_clipped``
 Evaluate message: ``params``, ``task``, ``user_ids``, ``max_examples``;
-reply ``metrics``: ``loss_sum``, ``correct``, ``count``.
+reply ``metrics``: ``loss_sum``/``loss_count``, ``correct``/``count``, ``examples`` and any
+dataset-specific ``<name>_correct``/``<name>_count`` pairs (summed by the server).
+Query message (deployment, the census; :mod:`fedsim.deploy.nodes`): ``config`` ``data`` (the
+JSON data spec); reply ``config`` ``names``, ``dims`` (JSON), ``task`` and ``metrics``
+``num_train``, ``num_test`` of the node's users. In deployment ``user_ids`` in train and
+evaluate messages are the node's *local* user indices.
 """
 
 from __future__ import annotations

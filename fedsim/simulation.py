@@ -180,14 +180,16 @@ class Prepared:
     budget_split: dict[str, Any] | None
 
 
-def prepare(cfg: Config, extra_users: int = 0) -> Prepared:
+def prepare(cfg: Config, extra_users: int = 0, data: FederatedData | None = None) -> Prepared:
     """Load data, validate against the population and resolve privacy; raises
     :class:`FedsimError` before anything starts.
 
     ``extra_users`` simulated users (the audit's canaries) join the population that is
-    sampled and accounted: ``N + extra_users``.
+    sampled and accounted: ``N + extra_users``. ``data``: the population to use instead of
+    loading ``cfg.data`` (deployment: the census of the nodes' users).
     """
-    data = load_federated(DataSpec.from_config(cfg.data))
+    if data is None:
+        data = load_federated(DataSpec.from_config(cfg.data))
     spec = resolve_privacy(cfg, data.population + extra_users)
     scheme = scheme_of(cfg, data.population + extra_users)
     z_update, split = resolve_clipping(cfg, spec, scheme)
@@ -296,7 +298,8 @@ def _truncate_lines(path: Path, keep: int) -> list[dict[str, Any]]:
 
 
 def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: bool = True,
-                   client_app: Any = None, resume: bool = False, synthetic: Any = None) -> dict[str, Any]:
+                   client_app: Any = None, resume: bool = False, synthetic: Any = None,
+                   deployment: Any = None) -> dict[str, Any]:
     """Run ``cfg`` in Flower's simulation engine on Ray and write the run folder.
 
     Parameters
@@ -314,11 +317,17 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         ``update_sum``), e.g. the audit's canaries; they are sampled and accounted as part of
         the population (see :class:`strategies.user_dp.UserLevelDPStrategy`). Before the run,
         ``synthetic.bind(first_id=N, dim=d)`` tells them their ids and the model size.
+    deployment : run on a Deployment Engine instead of the simulation engine: a
+        :class:`fedsim.deploy.runconfig.Deployment` with the ServerApp's ``grid``, the census
+        population ``data`` and ``owners``, the number of nodes to wait for, and the secret
+        seeds of the noise and the sampler (drawn from the OS CSPRNG, never written anywhere
+        but the checkpoint's state).
 
     Returns the summary dict (also written to ``summary.json``).
     """
     t_start = time.perf_counter()
-    prep = prepare(cfg, extra_users=0 if synthetic is None else int(synthetic.count))
+    prep = prepare(cfg, extra_users=0 if synthetic is None else int(synthetic.count),
+                   data=None if deployment is None else deployment.data)
     data, spec = prep.data, prep.spec
     out = Path(out_dir) if out_dir is not None else default_run_dir(cfg)
     if resume:
@@ -334,8 +343,12 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     (out / "config.toml").write_text(resolved.to_toml(), encoding="utf-8")
 
     device = _device(cfg)
-    n_workers = num_workers(cfg)
-    noise = make_noise(spec.mechanism, prep.num_params, derive_seed(cfg.seed, "noise-base"), device, prep.plan)
+    n_workers = num_workers(cfg) if deployment is None else deployment.min_nodes
+    # The seed of everything privacy rests on (noise, cohort sampling, the clip count's noise):
+    # the config's seed in simulation (reproducible studies), a secret from the OS CSPRNG in
+    # deployment.
+    privacy_seed = cfg.seed if deployment is None else deployment.secret_seed
+    noise = make_noise(spec.mechanism, prep.num_params, derive_seed(privacy_seed, "noise-base"), device, prep.plan)
     z_eff = prep.update_noise_multiplier
     filt = make_server_filter(cfg)
     clip_ctl = None
@@ -358,7 +371,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
 
         clip_ctl = AdaptiveClip(cfg.client.clip_norm, cfg.clipping.target_quantile, cfg.clipping.lr,
                                 prep.budget_split["count_stddev"], cfg.sampling.cohort_size,
-                                derive_seed(cfg.seed, "clip-count"))
+                                derive_seed(privacy_seed, "clip-count"))
 
         def noise_std(tau: int, _c=clip_ctl, _s=z_eff * noise.sensitivity) -> float:
             return (_c.history + [_c.clip_norm])[tau] * _s
@@ -382,7 +395,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     server = DPServer(prep.x0.to(device), noise, optimizer, ledger, server_clip,
                       z_eff, cfg.sampling.cohort_size, filter=filt, clip_controller=clip_ctl,
                       error_feedback=server_ef)
-    sampler = make_sampler(prep.scheme, derive_seed(cfg.seed, "sampler-base"))
+    sampler = make_sampler(prep.scheme, derive_seed(privacy_seed, "sampler-base"))
     if cfg.filter.trace_coordinates:
         server.enable_trace(cfg.filter.trace_coordinates, derive_seed(cfg.seed, "filter-trace"))
 
@@ -474,6 +487,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         min_nodes=n_workers, min_valid_replies=cfg.sim.min_valid_replies, on_round_end=on_round_end,
         synthetic=synthetic)
     strategy.client_evaluations = 1 if disk is None else disk.evaluations
+    if deployment is not None:
+        strategy.owners = deployment.owners
     strategy.ef_mode = ef
     strategy.client_store = client_store
     strategy.update_clip = c1 if ef == "server" else None
@@ -495,12 +510,15 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     if progress:
         print(f"fedsim: {cfg.name}: {pop} users, {prep.num_params:,} parameters, {cfg.rounds} rounds, "
               f"{spec.mechanism} noise z = {spec.noise_multiplier:.4g}, δ = {spec.delta:.3g}, "
-              f"{n_workers} Ray workers → {out}", flush=True)
+              f"{n_workers} {'Ray workers' if deployment is None else 'SuperNodes'} → {out}", flush=True)
         for note in notes:
             print(f"fedsim: {note}", flush=True)
     try:
-        run_simulation(server_app=make_server_app(strategy), client_app=client_app,
-                       num_supernodes=n_workers, backend_config=backend_config)
+        if deployment is None:
+            run_simulation(server_app=make_server_app(strategy), client_app=client_app,
+                           num_supernodes=n_workers, backend_config=backend_config)
+        else:
+            strategy.run(deployment.grid)
     finally:
         writer.close()
     if server.round != cfg.rounds:

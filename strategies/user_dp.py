@@ -92,7 +92,11 @@ class UserLevelDPStrategy(Strategy):
         #: (server error feedback: replies are bounded by ``c₁``, the noise scales with another norm).
         self.update_clip: float | None = None
         self.aggregator = UpdateAggregator(server.params.numel(), server.clip_norm, server.params.device)
+        #: deployment: global user → (node id, the node's local index of that user), from the
+        #: census (:func:`census`). None in simulation (any worker trains any user).
+        self.owners: dict[int, tuple[int, int]] | None = None
         self._assigned: dict[int, list[int]] = {}
+        self._sent: dict[int, list[int]] = {}
         self._cohort: list[int] = []
         self._eval_assigned: dict[int, list[int]] = {}
 
@@ -108,9 +112,9 @@ class UserLevelDPStrategy(Strategy):
         if self.synthetic is not None:
             real = [u for u in self._cohort if u < self.synthetic.first_id]
             self._synthetic_cohort = [u for u in self._cohort if u >= self.synthetic.first_id]
-        nodes = sorted(grid.get_node_ids())
-        shares = assign_users(real, self.train_costs, len(nodes))
+        plan = self._plan(real, self.train_costs, grid)
         self._assigned = {}
+        self._sent = {}
         # c_t (moves with adaptive clipping); c₁ + c₂ with client error feedback; c₁ with server EF.
         self.aggregator.clip_norm = self.update_clip if self.update_clip is not None else self.server.clip_norm
         if self.server.track_step:  # DiSK: clients also need the previous server step d_{t−1}
@@ -119,11 +123,10 @@ class UserLevelDPStrategy(Strategy):
                 protocol.DIRECTION: Array(self.server.last_step.detach().cpu().numpy()),
             })
         messages = []
-        for node, users in zip(nodes, shares):
-            if not users:
-                continue
+        for node, users, sent in plan:
             self._assigned[node] = users
-            cfg = ConfigRecord({"task": self.task_json, "round": t, "user_ids": users})
+            self._sent[node] = sent
+            cfg = ConfigRecord({"task": self.task_json, "round": t, "user_ids": sent})
             if self.server.clip_controller is not None:
                 cfg["clip_norm"] = float(self.server.clip_norm)
             content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: cfg})
@@ -133,6 +136,18 @@ class UserLevelDPStrategy(Strategy):
             messages.append(Message(content, dst_node_id=node, message_type=MessageType.TRAIN,
                                     group_id=f"train-{t}"))
         return messages
+
+    def _plan(self, users: list[int], costs: np.ndarray, grid: Grid) -> list[tuple[int, list[int], list[int]]]:
+        """``(node, global users, ids to send)`` per node that gets work. Simulation: users
+        balanced by cost over the connected nodes, ids sent as they are. Deployment: each user
+        goes to the node that holds it, sent as that node's local index."""
+        if self.owners is None:
+            nodes = sorted(grid.get_node_ids())
+            return [(n, u, u) for n, u in zip(nodes, assign_users(users, costs, len(nodes))) if u]
+        by_node: dict[int, list[int]] = {}
+        for u in sorted(users):
+            by_node.setdefault(self.owners[u][0], []).append(u)
+        return [(n, us, [self.owners[u][1] for u in us]) for n, us in sorted(by_node.items())]
 
     @staticmethod
     def _extract_update(msg: Message) -> Any:
@@ -189,7 +204,7 @@ class UserLevelDPStrategy(Strategy):
                 continue
             metrics = msg.content.metric_records.get(protocol.METRICS)
             reported = list(metrics.get("user_ids", [])) if metrics is not None else None
-            if reported is None or [int(u) for u in reported] != users:
+            if reported is None or [int(u) for u in reported] != self._sent[node]:
                 agg.drop("unexpected_users", len(users))
                 continue
             valid.append((users, self._extract_update(msg), metrics, msg))
@@ -270,15 +285,11 @@ class UserLevelDPStrategy(Strategy):
                            grid: Grid) -> Iterable[Message]:
         if not self.eval_due(server_round):
             return []
-        nodes = sorted(grid.get_node_ids())
-        shares = assign_users(self.eval_users, self.eval_costs, len(nodes))
         self._eval_assigned = {}
         messages = []
-        for node, users in zip(nodes, shares):
-            if not users:
-                continue
+        for node, users, sent in self._plan(self.eval_users, self.eval_costs, grid):
             self._eval_assigned[node] = users
-            cfg = ConfigRecord({"task": self.task_json, "user_ids": users,
+            cfg = ConfigRecord({"task": self.task_json, "user_ids": sent,
                                 "max_examples": self.eval_max_examples})
             messages.append(Message(RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: cfg}),
                                     dst_node_id=node, message_type=MessageType.EVALUATE,
@@ -350,3 +361,28 @@ class UserLevelDPStrategy(Strategy):
             row["seconds"] = time.perf_counter() - t0
             if self.on_round_end is not None:
                 self.on_round_end(row, self)
+
+
+def census(grid: Grid, data_spec_json: str, timeout: float = 600.0) -> dict[int, dict[str, Any]]:
+    """Deployment: ask every connected node which users it holds (see
+    :mod:`fedsim.deploy.nodes`); returns ``{node_id: {"names", "num_train", "num_test", "dims",
+    "task"}}``. A node that does not answer, or answers with an error, stops the run: the
+    population must be known before any privacy is spent."""
+    import json
+
+    nodes = sorted(grid.get_node_ids())
+    msgs = [Message(RecordDict({protocol.CONFIG: ConfigRecord({"data": data_spec_json})}), dst_node_id=n,
+                    message_type=MessageType.QUERY, group_id="census") for n in nodes]
+    out: dict[int, dict[str, Any]] = {}
+    for reply in grid.send_and_receive(msgs, timeout=timeout):
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            raise FedsimError(f"census: node {node} failed to load its data ({reply.error.reason}); check its "
+                              f"--node-config data-root and user-shard")
+        m, c = reply.content.metric_records[protocol.METRICS], reply.content.config_records[protocol.CONFIG]
+        out[node] = {"names": list(c["names"]), "num_train": list(m["num_train"]),
+                     "num_test": list(m["num_test"]), "dims": json.loads(str(c["dims"])), "task": str(c["task"])}
+    missing = [n for n in nodes if n not in out]
+    if missing:
+        raise FedsimError(f"census: no answer from node(s) {missing} within {timeout:.0f} s")
+    return out

@@ -205,3 +205,18 @@ def test_fedsim_run_on_the_fixture_config_reports_three_nwp_accuracies(tmp_path)
     assert summary["epsilon"] == pytest.approx(recompute_epsilon(ledger), rel=1e-9)
     assert summary["population"] == 60 and summary["num_parameters"] == num_parameters(
         make_model("so_nwp_lstm_small", {"num_classes": 150 + 4}))
+
+
+def test_generated_folders_with_offsets_split_one_population(tmp_path):
+    whole = generate(tmp_path / "whole", users=6, per_user=5, vocab=30, tags=4, seed=2)
+    parts = [generate(tmp_path / f"p{i}", users=3, per_user=5, vocab=30, tags=4, seed=2, first_id=3 * i)
+             for i in range(2)]
+    for name in ("stackoverflow.word_count", "stackoverflow.tag_count"):
+        assert (parts[0] / name).read_bytes() == (parts[1] / name).read_bytes() == (whole / name).read_bytes()
+    for i, part in enumerate(parts):
+        db = StackOverflowDB(part / "stackoverflow.sqlite")
+        ids = db.clients("train")
+        assert ids == [f"{3 * i + k:08d}" for k in range(3)]
+        for cid in ids:
+            for split in ("train", "test"):
+                assert _raw(part, split, cid) == _raw(whole, split, cid)

@@ -5,7 +5,12 @@ indexes; client rows interleaved as in the real file; every client in ``train``,
 also in ``test``, a few in ``heldout``), ``stackoverflow.word_count`` and
 ``stackoverflow.tag_count``. Sentences come from a per-user Markov chain over a small
 vocabulary, so next-word prediction is learnable and users differ; each post's tags depend on
-its words, so tag prediction is learnable too. Deterministic in ``seed``.
+its words, so tag prediction is learnable too.
+
+Deterministic: the vocabulary, the count files and the chain depend on ``seed`` only, and
+client ``k``'s posts on ``(seed, k)`` only. So folders generated with ``first_id`` offsets hold
+disjoint users with the same vocabulary, and their union is exactly the folder generated with
+all the users at once (what a deployment test with one folder per node needs).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def _words(n: int) -> list[str]:
 
 
 def generate(root: str | Path, users: int = 60, per_user: float = 30.0, vocab: int = 200, tags: int = 20,
-             seed: int = 0) -> Path:
+             seed: int = 0, first_id: int = 0) -> Path:
     """Write a generated Stack Overflow folder into ``root`` (created; must not hold a database).
 
     Parameters
@@ -47,6 +52,8 @@ def generate(root: str | Path, users: int = 60, per_user: float = 30.0, vocab: i
     vocab : distinct words in the text (the word-count file lists them all). Default 200.
     tags : distinct tags. Default 20.
     seed : generator seed. Default 0.
+    first_id : the first client's number (clients are ``first_id .. first_id + users − 1``,
+        written as 8-digit ids). Default 0.
 
     Returns ``root``.
     """
@@ -54,19 +61,24 @@ def generate(root: str | Path, users: int = 60, per_user: float = 30.0, vocab: i
     root.mkdir(parents=True, exist_ok=True)
     if (root / SQLITE).exists():
         raise FedsimError(f"{root / SQLITE} exists; generate into an empty folder")
-    if users < 2 or vocab < 10 or tags < 2:
-        raise FedsimError("synthetic Stack Overflow needs users ≥ 2, vocab ≥ 10, tags ≥ 2")
+    if users < 1 or vocab < 10 or tags < 2 or first_id < 0:
+        raise FedsimError("synthetic Stack Overflow needs users ≥ 1, vocab ≥ 10, tags ≥ 2, first_id ≥ 0")
     rng = np.random.default_rng(seed)
     words = _words(vocab)
     tag_names = [f"tag-{j}" for j in range(tags)]
     # A shared sparse transition structure, tilted per user.
     succ = rng.integers(0, vocab, size=(vocab, 4))
-    ids = [f"{i:08d}" for i in range(users)]
-    rows: list[tuple[str, str, str, str, str]] = []  # (split, client, tokens, title, tags)
-    word_counts: Counter[str] = Counter()
+    ids = [f"{first_id + i:08d}" for i in range(users)]
+    rows: list[tuple[str, str, str, str, str, int]] = []  # (split, client, tokens, title, tags, score)
+    # Count files from the chain alone (independent of which users are generated): a word's
+    # count is its in-degree in the chain plus one; a tag's, the counts of the words that carry it.
+    word_counts: Counter[str] = Counter({w: 1 for w in words})
+    word_counts.update(words[int(j)] for j in succ.ravel())
     tag_counts: Counter[str] = Counter()
+    for i, w in enumerate(words):
+        tag_counts[tag_names[i % tags]] += word_counts[w]
 
-    def post(bias: np.ndarray) -> tuple[str, str, str]:
+    def post(bias: np.ndarray, rng: np.random.Generator) -> tuple[str, str, str]:
         length = int(rng.integers(3, 28))
         w = int(rng.choice(vocab, p=bias))
         seq = [w]
@@ -79,16 +91,16 @@ def generate(root: str | Path, users: int = 60, per_user: float = 30.0, vocab: i
         return tokens, title, "|".join(t)
 
     for i, cid in enumerate(ids):
-        bias = rng.dirichlet(np.full(vocab, 0.3))
-        n_train = max(1, int(rng.poisson(per_user)))
-        for split, n in (("train", n_train), ("test", max(1, n_train // 4) if i % 3 == 0 else 0),
-                         ("heldout", 2 if i % 10 == 9 else 0)):
+        k = first_id + i
+        urng = np.random.default_rng([seed, k])
+        bias = urng.dirichlet(np.full(vocab, 0.3))
+        n_train = max(1, int(urng.poisson(per_user)))
+        for split, n in (("train", n_train), ("test", max(1, n_train // 4) if k % 3 == 0 else 0),
+                         ("heldout", 2 if k % 10 == 9 else 0)):
             for _ in range(n):
-                tokens, title, tg = post(bias)
-                rows.append((split, cid, tokens, title, tg))
-                if split == "train":
-                    word_counts.update(tokens.split(" "))
-                    tag_counts.update(tg.split("|"))
+                tokens, title, tg = post(bias, urng)
+                rows.append((split, cid, tokens, title, tg, int(urng.integers(-2, 20))))
+    rng = np.random.default_rng([seed, first_id, users, 1])  # row interleaving only
     order = rng.permutation(len(rows))  # interleave clients; each client's rows keep their order
     by_client: dict[tuple[str, str], list[int]] = {}
     for r, (split, cid, *_rest) in enumerate(rows):
@@ -101,8 +113,8 @@ def generate(root: str | Path, users: int = 60, per_user: float = 30.0, vocab: i
     conn = sqlite3.connect(root / SQLITE)
     conn.executescript(SCHEMA)
     for r in placed:
-        split, cid, tokens, title, tg = rows[r]
-        blob = encode_example({"creation_date": "2017-06-01 12:00:00.0 UTC", "score": int(rng.integers(-2, 20)),
+        split, cid, tokens, title, tg, score = rows[r]
+        blob = encode_example({"creation_date": "2017-06-01 12:00:00.0 UTC", "score": score,
                                "tags": tg, "title": title, "tokens": tokens, "type": "question"})
         conn.execute("INSERT INTO examples VALUES (?, ?, ?)", (split, cid, blob))
     conn.executemany("INSERT INTO client_metadata VALUES (?, ?, ?)",

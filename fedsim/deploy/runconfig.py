@@ -1,0 +1,98 @@
+"""The deployed ServerApp's run configuration, and the run itself on a Deployment Engine grid.
+
+``flwr run`` passes the app's run config (``[tool.flwr.app.config]`` in ``pyproject.toml``,
+overridable with ``flwr run --run-config``). fedsim reads these keys:
+
+- ``config`` — the experiment TOML (default: the bundled default experiment). A relative path
+  is resolved against the app's folder, then the working directory.
+- ``set`` — overrides, ``;``-separated ``dotted.key=value`` items, exactly like
+  ``fedsim run --set`` (e.g. ``"rounds=3;data.max_users=60"``).
+- ``out-dir`` — the run folder (default ``runs/deploy-<time>-<name>`` under the working
+  directory of the ServerApp process; give an absolute path in production).
+- ``min-nodes`` — wait until this many SuperNodes are connected before the census. Default 1.
+- ``census-timeout`` — seconds to wait for every node's census answer. Default 600.
+
+The run folder, ledger and metrics are the same as in simulation. Differences, on purpose:
+the seed of the noise, the cohort sampler and the clip count's noise comes from the OS
+CSPRNG (``secrets``) and is never logged or written to the config; the config's ``seed``
+still fixes the model initialisation and the clients' data order. Individual client updates
+are never logged or persisted. Client-side error feedback is refused (its per-user state is
+held by the simulator).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from fedsim.config import Config, load_config
+from fedsim.errors import FedsimError
+
+DEFAULT_CONFIG = "experiments/shakespeare_default.toml"
+
+
+@dataclass
+class Deployment:
+    """What :func:`fedsim.simulation.run_experiment` needs to run on a Deployment Engine."""
+
+    grid: Any
+    data: Any
+    owners: dict[int, tuple[int, int]]
+    min_nodes: int
+    secret_seed: int
+
+
+def _resolve(path: str, app_dir: Path | None) -> Path:
+    p = Path(path)
+    if p.is_absolute():
+        return p
+    for base in ([app_dir] if app_dir is not None else []) + [Path.cwd(), Path(__file__).resolve().parents[2]]:
+        if (base / p).is_file():
+            return base / p
+    raise FedsimError(f"run config 'config' = {path!r}: no such file (looked in the app folder and {Path.cwd()})")
+
+
+def parse_run_config(run_config: dict[str, Any], app_dir: Path | None = None) -> tuple[Config, Path, int, float]:
+    """``(experiment config, run folder, min nodes, census timeout)`` from the run config."""
+    known = {"config", "set", "out-dir", "min-nodes", "census-timeout"}
+    unknown = sorted(set(run_config) - known)
+    if unknown:
+        raise FedsimError(f"run config: unknown key(s) {unknown}; allowed are {sorted(known)}")
+    overrides = [item.strip() for item in str(run_config.get("set", "")).split(";") if item.strip()]
+    cfg = load_config(_resolve(str(run_config.get("config", DEFAULT_CONFIG)), app_dir), overrides)
+    if cfg.client.error_feedback == "client":
+        raise FedsimError("client.error_feedback = 'client' keeps every user's error state in the simulator; "
+                          "it is not available in deployment")
+    out = str(run_config.get("out-dir", "")).strip()
+    out_dir = Path(out) if out else Path("runs") / f"deploy-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{cfg.name}"
+    try:
+        min_nodes = int(run_config.get("min-nodes", 1))
+        timeout = float(run_config.get("census-timeout", 600.0))
+    except (TypeError, ValueError):
+        raise FedsimError("run config: min-nodes must be an integer and census-timeout a number") from None
+    if min_nodes < 1 or timeout <= 0:
+        raise FedsimError("run config: min-nodes must be ≥ 1 and census-timeout > 0")
+    return cfg, out_dir, min_nodes, timeout
+
+
+def run_deployment(grid: Any, run_config: dict[str, Any], app_dir: Path | None = None) -> dict[str, Any]:
+    """The deployed ServerApp's main: wait for the nodes, take the census, run the experiment."""
+    from fedsim.data import DataSpec
+    from fedsim.deploy.nodes import merge_census
+    from fedsim.simulation import run_experiment
+    from strategies.user_dp import census
+
+    cfg, out_dir, min_nodes, timeout = parse_run_config(run_config, app_dir)
+    deadline = time.monotonic() + timeout
+    while len(list(grid.get_node_ids())) < min_nodes:
+        if time.monotonic() > deadline:
+            raise FedsimError(f"only {len(list(grid.get_node_ids()))} of min-nodes = {min_nodes} SuperNodes "
+                              f"connected within {timeout:.0f} s")
+        time.sleep(0.2)
+    data, owners = merge_census(census(grid, DataSpec.from_config(cfg.data).to_json(), timeout))
+    deployment = Deployment(grid, data, owners, min_nodes, secrets.randbits(63))
+    return run_experiment(cfg, out_dir, progress=True, deployment=deployment)
