@@ -338,6 +338,38 @@ def stats(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackove
 
 
 @data_app.command()
+def prepare(name: Annotated[str, typer.Argument(help="stackoverflow")], root: RootOpt,
+            cache_dir: Annotated[Optional[Path], typer.Option("--cache-dir", help="Where compressed files are "
+                                                               "unpacked (default ROOT/.fedsim-cache).")] = None,
+            verify: Annotated[bool, typer.Option("--verify", help="Check the count archives against TFF's "
+                                                                  "published sha256.")] = False,
+            as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Unpack the Stack Overflow files once (.lzma, .tar.bz2), optionally verify them, make sure
+    the database has its (split_name, client_id) index, and print the clients per split."""
+    if name != "stackoverflow":
+        raise FedsimError(f"dataset {name!r}: `fedsim data prepare` knows 'stackoverflow'")
+    from fedsim.data.stackoverflow.database import StackOverflowDB, ensure_index
+    from fedsim.data.stackoverflow.files import TAG_COUNT, WORD_COUNT, count_file, sqlite_path, verify_sha256
+
+    verified = []
+    if verify:
+        for f in (WORD_COUNT, TAG_COUNT):
+            archive = Path(root) / f"{f}.tar.bz2"
+            if archive.is_file():
+                verify_sha256(archive)
+                verified.append(archive.name)
+        if not verified:
+            raise FedsimError("--verify: no .tar.bz2 count archive in --root (TFF publishes sha256 only for those)")
+    db_path = sqlite_path(root, cache_dir)
+    files = {"database": str(db_path), "word_count": str(count_file(root, WORD_COUNT, cache_dir)),
+             "tag_count": str(count_file(root, TAG_COUNT, cache_dir))}
+    created = ensure_index(db_path)
+    out = {"files": files, "verified": verified, "index_created": created,
+           "splits": StackOverflowDB(db_path).stats()}
+    typer.echo(json.dumps(out) if as_json else json.dumps(out, indent=1))
+
+
+@data_app.command()
 def synth(name: Annotated[str, typer.Argument(help="stackoverflow")],
           out: Annotated[Path, typer.Option("--out", help="Empty folder to write the files into.")],
           users: Annotated[int, typer.Option("--users", help="Train clients.")] = 60,

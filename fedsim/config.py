@@ -58,7 +58,7 @@ class DataConfig(_Section):
     vocab_size : Stack Overflow: words kept from the word-count file (NWP ``V``, tag ``W``). 10000.
     tag_vocab_size : Stack Overflow tags: tags kept (``T``). 500.
     seq_len : Stack Overflow NWP: words per sentence ``L``. 20.
-    num_oov_buckets : Stack Overflow NWP: OOV buckets ``k`` (only 1). 1.
+    num_oov_buckets : Stack Overflow NWP: OOV buckets ``k`` (FarmHash buckets as in TF). 1.
     max_elements_per_user : Stack Overflow: a user's data is its first this many stored
         rows (the DP-FTRL pipeline). 256.
     num_clients : CIFAR-100: users the train split is dealt to. 500 (TFF's count).
@@ -77,7 +77,7 @@ class DataConfig(_Section):
     vocab_size: int = Field(default=10000, ge=1, le=1_000_000)
     tag_vocab_size: int = Field(default=500, ge=1, le=100_000)
     seq_len: int = Field(default=20, ge=1, le=1024)
-    num_oov_buckets: int = Field(default=1, ge=1, le=1)
+    num_oov_buckets: int = Field(default=1, ge=1, le=100_000)
     max_elements_per_user: int = Field(default=256, ge=1)
     num_clients: int = Field(default=500, ge=2)
     partition_alpha: float = Field(default=0.1, gt=0.0, le=1e6)

@@ -220,3 +220,33 @@ def test_generated_folders_with_offsets_split_one_population(tmp_path):
         for cid in ids:
             for split in ("train", "test"):
                 assert _raw(part, split, cid) == _raw(whole, split, cid)
+
+
+def test_fedsim_data_prepare_unpacks_indexes_and_verifies(tmp_path, capsys):
+    import lzma
+    import tarfile
+
+    from fedsim.cli import main
+
+    src = generate(tmp_path / "src", users=5, per_user=3, vocab=20, tags=3)
+    root = tmp_path / "root"
+    root.mkdir()
+    conn = sqlite3.connect(src / "stackoverflow.sqlite")  # drop the index: prepare must add it
+    conn.execute("DROP INDEX idx_client_id_split")
+    conn.commit()
+    conn.close()
+    (root / "stackoverflow.sqlite.lzma").write_bytes(lzma.compress((src / "stackoverflow.sqlite").read_bytes()))
+    for name in ("stackoverflow.word_count", "stackoverflow.tag_count"):
+        with tarfile.open(root / f"{name}.tar.bz2", "w:bz2") as tar:
+            tar.add(src / name, arcname=name)
+    with pytest.warns(UserWarning, match="no \\(split_name, client_id\\) index"):
+        main(["data", "prepare", "stackoverflow", "--root", str(root), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["index_created"] is True and out["splits"]["train"]["num_clients"] == 5
+    assert Path(out["files"]["database"]).parent == root / ".fedsim-cache"
+    assert StackOverflowDB(out["files"]["database"]).indexed
+    main(["data", "prepare", "stackoverflow", "--root", str(root), "--json"])
+    assert json.loads(capsys.readouterr().out)["index_created"] is False  # once
+    with pytest.raises(SystemExit) as e:  # our archives are not TFF's release
+        main(["data", "prepare", "stackoverflow", "--root", str(root), "--verify"])
+    assert e.value.code == 2 and "differs from TFF's" in capsys.readouterr().err

@@ -107,6 +107,22 @@ class StackOverflowDB:
         self.conn.close()
 
 
+def ensure_index(path: str | Path) -> bool:
+    """Create the ``(split_name, client_id)`` index on ``examples`` if the database lacks it
+    (needs write access; done once). Returns whether it was created."""
+    if StackOverflowDB(path).indexed:
+        return False
+    try:
+        conn = sqlite3.connect(path)
+        conn.execute("CREATE INDEX IF NOT EXISTS idx_client_id_split ON examples (split_name, client_id)")
+        conn.commit()
+        conn.close()
+    except sqlite3.DatabaseError as e:
+        raise FedsimError(f"{path}: could not create the (split_name, client_id) index ({e}); the file must be "
+                          f"writable once") from None
+    return True
+
+
 def _check_split(split: str) -> None:
     if split not in SPLITS:
         raise FedsimError(f"split {split!r} is not one of {', '.join(SPLITS)} (TFF's names: not 'held_out', "

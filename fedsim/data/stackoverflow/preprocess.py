@@ -6,7 +6,8 @@ Next-word prediction, with ``V = len(vocab)``, ``k`` OOV buckets and sequence le
 the first ``L``; word ``i`` of the vocabulary → ``i + 1``; OOV → ``V + 1`` (``k = 1``);
 append EOS only if fewer than ``L`` words were kept; prepend BOS. Special ids: pad 0, OOV
 ``V+1..V+k``, BOS ``V+k+1``, EOS ``V+k+2``; ``V + 3 + k`` classes. Rows are padded with 0 to
-``L + 1``; ``x = row[:-1]``, ``y = row[1:]``.
+``L + 1``; ``x = row[:-1]``, ``y = row[1:]``. With ``k > 1`` an OOV word's id is
+``V + 1 + Fingerprint64(word) mod k`` (FarmHash, what TF's ``to_hash_bucket_fast`` computes).
 
 Tag prediction, with ``W`` words and ``T`` tags: ``x[i]`` = occurrences of vocabulary word
 ``i`` in ``(tokens + b' ' + title).split()`` (ASCII whitespace runs, no empty words) divided
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedsim.data.stackoverflow.farmhash import hash_bucket
 from fedsim.errors import FedsimError
 
 
@@ -32,8 +34,8 @@ class NWPSpec:
     ----------
     vocab : the word vocabulary (UTF-8 bytes, file order), ``V = len(vocab)``.
     seq_len : ``L``.
-    num_oov_buckets : ``k``; only 1 is supported (``k > 1`` needs TensorFlow's FarmHash
-        ``Fingerprint64`` to reproduce its bucket ids).
+    num_oov_buckets : ``k``; an OOV word goes to bucket ``Fingerprint64(word) mod k`` (FarmHash,
+        as ``tf.strings.to_hash_bucket_fast``; :mod:`fedsim.data.stackoverflow.farmhash`).
     """
 
     vocab: list[bytes]
@@ -44,9 +46,8 @@ class NWPSpec:
     def __post_init__(self) -> None:
         if self.seq_len < 1:
             raise FedsimError("data.seq_len must be ≥ 1")
-        if self.num_oov_buckets != 1:
-            raise FedsimError("data.num_oov_buckets > 1 needs TensorFlow's FarmHash Fingerprint64 to match "
-                              "TFF's bucket ids; use 1 (TFF's default)")
+        if self.num_oov_buckets < 1:
+            raise FedsimError("data.num_oov_buckets must be ≥ 1")
         self.index = {w: i + 1 for i, w in enumerate(self.vocab)}
 
     @property
@@ -72,7 +73,11 @@ class NWPSpec:
     def ids(self, tokens: bytes) -> list[int]:
         """The unpadded id sequence of one sentence: ``[BOS, w_1..w_m, (EOS)]``, ``m ≤ L``."""
         words = tokens.split(b" ")[: self.seq_len]
-        out = [self.bos] + [self.index.get(w, self.oov) for w in words]
+        k = self.num_oov_buckets
+        if k == 1:
+            out = [self.bos] + [self.index.get(w, self.oov) for w in words]
+        else:
+            out = [self.bos] + [self.index.get(w) or self.oov + hash_bucket(w, k) for w in words]
         if len(words) < self.seq_len:
             out.append(self.eos)
         return out
