@@ -60,23 +60,21 @@ def _short(s: bytes) -> int:  # 0..16 bytes
     return K2
 
 
-def _mid(s: bytes) -> int:  # 17..32 bytes
+def _ends(s: bytes, ka: int) -> tuple[int, int, int, int, int]:
+    """``(mul, a, b, c, d)`` from the first 16 and last 16 bytes (17..64-byte inputs)."""
     n = len(s)
     mul = K2 + 2 * n
-    a = (_u64(s, 0) * K1) & M
-    b = _u64(s, 8)
-    c = (_u64(s, n - 8) * mul) & M
-    d = (_u64(s, n - 16) * K2) & M
+    return mul, (_u64(s, 0) * ka) & M, _u64(s, 8), (_u64(s, n - 8) * mul) & M, (_u64(s, n - 16) * K2) & M
+
+
+def _mid(s: bytes) -> int:  # 17..32 bytes
+    mul, a, b, c, d = _ends(s, K1)
     return _h16((_rot((a + b) & M, 43) + _rot(c, 30) + d) & M, (a + _rot((b + K2) & M, 18) + c) & M, mul)
 
 
 def _long(s: bytes) -> int:  # 33..64 bytes
     n = len(s)
-    mul = K2 + 2 * n
-    a = (_u64(s, 0) * K2) & M
-    b = _u64(s, 8)
-    c = (_u64(s, n - 8) * mul) & M
-    d = (_u64(s, n - 16) * K2) & M
+    mul, a, b, c, d = _ends(s, K2)
     y = (_rot((a + b) & M, 43) + _rot(c, 30) + d) & M
     z = _h16(y, (a + _rot((b + K2) & M, 18) + c) & M, mul)
     e = (_u64(s, 16) * mul) & M
