@@ -374,8 +374,13 @@ class SimConfig(_Section):
     client_gpus : GPUs (fractional) per Ray actor; used when CUDA is present. Default 0.
     device : server device for noise and optimizer: ``auto`` (CUDA if present), ``cpu``, ``cuda``.
     round_timeout : seconds to wait for the workers' replies in one round.
+    engine : ``ray`` (Flower's simulation engine on Ray: workers in parallel, multi-node
+        capable), ``inprocess`` (a Grid that calls the ClientApp in this process, one message
+        after the other: no Ray start, for tests, debugging and small sweeps) or ``auto``
+        (``inprocess`` for one worker, else ``ray``). Same results for the same seed.
     """
 
+    engine: Literal["auto", "ray", "inprocess"] = "auto"
     num_workers: int | None = Field(default=None, ge=1, le=1024)
     client_cpus: float = Field(default=1.0, gt=0)
     client_gpus: float = Field(default=0.0, ge=0)

@@ -165,6 +165,13 @@ def num_workers(cfg: Config) -> int:
     return max(1, int(cpus // cfg.sim.client_cpus))
 
 
+def resolve_engine(cfg: Config, n_workers: int) -> str:
+    """``sim.engine``, with ``auto`` → ``inprocess`` for one worker, ``ray`` otherwise."""
+    if cfg.sim.engine != "auto":
+        return cfg.sim.engine
+    return "inprocess" if n_workers == 1 else "ray"
+
+
 @dataclass
 class Prepared:
     """Everything built before the simulation starts (nothing has run yet)."""
@@ -344,6 +351,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
 
     device = _device(cfg)
     n_workers = num_workers(cfg) if deployment is None else deployment.min_nodes
+    engine = resolve_engine(cfg, n_workers)
     # The seed of everything privacy rests on (noise, cohort sampling, the clip count's noise):
     # the config's seed in simulation (reproducible studies), a secret from the OS CSPRNG in
     # deployment.
@@ -510,15 +518,21 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     if progress:
         print(f"fedsim: {cfg.name}: {pop} users, {prep.num_params:,} parameters, {cfg.rounds} rounds, "
               f"{spec.mechanism} noise z = {spec.noise_multiplier:.4g}, δ = {spec.delta:.3g}, "
-              f"{n_workers} {'Ray workers' if deployment is None else 'SuperNodes'} → {out}", flush=True)
+              f"{n_workers} {'SuperNodes' if deployment is not None else 'Ray workers' if engine == 'ray' else 'in-process workers'}"
+              f" → {out}", flush=True)
         for note in notes:
             print(f"fedsim: {note}", flush=True)
     try:
-        if deployment is None:
+        if deployment is not None:
+            strategy.run(deployment.grid)
+        elif engine == "inprocess":
+            from fedsim.engine import InProcessGrid, task_identity
+
+            with task_identity():
+                strategy.run(InProcessGrid(client_app, n_workers))
+        else:
             run_simulation(server_app=make_server_app(strategy), client_app=client_app,
                            num_supernodes=n_workers, backend_config=backend_config)
-        else:
-            strategy.run(deployment.grid)
     finally:
         writer.close()
     if server.round != cfg.rounds:
@@ -557,6 +571,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         "model_sha256": model_sha256(server.params),
         "wall_seconds": time.perf_counter() - t_start,
         "num_workers": n_workers,
+        "engine": "deployment" if deployment is not None else engine,
         "device": str(device),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")

@@ -1,0 +1,103 @@
+"""The in-process engine (``sim.engine = "inprocess"``): a Flower ``Grid`` whose nodes are
+the ClientApp called directly in the server's process.
+
+No Ray, no serialization, no polling: ``send_and_receive`` calls the ClientApp once per
+message, in order, and returns the replies. The strategy and the ClientApp are exactly the
+code that runs on Ray and on a Deployment Engine; results are identical to the Ray engine for
+the same seed (every user's update depends only on the seed, the round and the user, and the
+strategy sums replies in a canonical order), which ``tests/test_engines.py`` checks.
+
+A ClientApp exception becomes an error reply, as the Ray engine makes it. A reply that took
+longer than the round timeout is dropped, like a reply that arrives too late on Ray (the call
+itself cannot be interrupted in-process).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+from uuid import uuid4
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+#: Flower's error code for "the ClientApp raised an exception".
+CLIENT_APP_RAISED = 0
+RUN_ID = 1
+
+
+class InProcessGrid(Grid):
+    """A Grid of ``num_nodes`` virtual nodes that run ``client_app`` in this process.
+
+    Parameters
+    ----------
+    client_app : the Flower ``ClientApp``.
+    num_nodes : virtual SuperNodes (node ids ``1001 ..``).
+    node_config : each node's ``node_config`` (default: Flower's simulation keys
+        ``partition-id`` and ``num-partitions``).
+    """
+
+    def __init__(self, client_app: Any, num_nodes: int, node_config: list[dict[str, Any]] | None = None) -> None:
+        if num_nodes < 1:
+            raise ValueError("num_nodes must be ≥ 1")
+        self.client_app = client_app
+        self.node_ids = [1001 + i for i in range(num_nodes)]
+        configs = node_config or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
+        self.contexts = {n: Context(run_id=RUN_ID, node_id=n, node_config=dict(c), state=RecordDict(), run_config={})
+                         for n, c in zip(self.node_ids, configs)}
+        self._run: Any = None
+
+    # Grid's abstract interface ------------------------------------------------------------
+    def set_run(self, run: Any) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Any:
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.node_ids)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        raise NotImplementedError("the in-process grid only supports send_and_receive")
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        raise NotImplementedError("the in-process grid only supports send_and_receive")
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Call the ClientApp for each message in turn; return the replies (errors as error replies)."""
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = str(uuid4())
+            node = msg.metadata.dst_node_id
+            if node not in self.contexts:
+                continue  # no such node: no reply, as on a real grid
+            t0 = time.perf_counter()
+            try:
+                reply = self.client_app(msg, self.contexts[node])
+            except Exception as e:  # noqa: BLE001 - the client's failure is a reply, not a crash
+                reply = Message(Error(code=CLIENT_APP_RAISED, reason=f"{type(e).__name__}: {e}"), reply_to=msg)
+            if timeout is not None and time.perf_counter() - t0 > timeout:
+                continue  # too late: dropped, like a reply after the round timeout
+            replies.append(reply)
+        return replies
+
+
+class task_identity:
+    """Context manager: the process-wide Flower task identity of an in-process run (the server
+    side creates messages as the SuperLink node), restored afterwards."""
+
+    def __enter__(self) -> "task_identity":
+        self._saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, SUPERLINK_NODE_ID, 0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = self._saved
