@@ -23,6 +23,7 @@ from fedsim.data import DataSpec
 from fedsim.deploy.nodes import node_data
 from fedsim.models import make_model
 from fedsim.training import evaluate_users, train_users, train_users_ef
+from fedsim.vectorized import train_users_vectorized
 
 app = ClientApp()
 
@@ -68,7 +69,9 @@ def train(msg: Message, context: Context) -> Message:
                                            dtype=np.float32))
     arrays = {}
     records = {}
-    if task.error_feedback == "none":
+    if task.vectorize and task.error_feedback == "none" and task.disk is None and task.example_dp is None:
+        total, results = train_users_vectorized(model, x0, data, users, int(cfg["round"]), task.seed, local)
+    elif task.error_feedback == "none":
         total, results = train_users(model, x0, data, users, int(cfg["round"]), task.seed, local,
                                      task.disk, d_prev, task.example_dp)
     else:

@@ -64,10 +64,13 @@ class DataConfig(_Section):
     num_clients : CIFAR-100: users the train split is dealt to. 500 (TFF's count).
     partition_alpha : CIFAR-100: Dirichlet concentration of each user's label mix (smaller =
         more heterogeneous). 0.1.
+    samples_per_user, num_features, num_classes : ``synthetic`` (a generated classification
+        population of ``num_clients`` users, nothing stored per user; :mod:`fedsim.data.synthetic`):
+        train samples per user (32), input dimension (64), classes (10).
     """
 
     name: Literal["shakespeare", "shakespeare_leaf", "stackoverflow_nwp", "stackoverflow_tag", "femnist",
-                  "cifar100"] = "shakespeare"
+                  "cifar100", "synthetic"] = "shakespeare"
     max_users: int | None = Field(default=None, ge=2)
     subset_seed: int = Field(default=0, ge=0)
     min_chars: int = Field(default=500, ge=100)
@@ -81,10 +84,13 @@ class DataConfig(_Section):
     max_elements_per_user: int = Field(default=256, ge=1)
     num_clients: int = Field(default=500, ge=2)
     partition_alpha: float = Field(default=0.1, gt=0.0, le=1e6)
+    samples_per_user: int = Field(default=32, ge=1, le=1_000_000)
+    num_features: int = Field(default=64, ge=1, le=1_000_000)
+    num_classes: int = Field(default=10, ge=2, le=100_000)
 
     @model_validator(mode="after")
     def _root_for_local_data(self) -> "DataConfig":
-        if self.name != "shakespeare" and not self.root:
+        if self.name not in ("shakespeare", "synthetic") and not self.root:
             what = ("the folder with the TFF Stack Overflow files" if self.name.startswith("stackoverflow")
                     else "the local Hugging Face folder (save_to_disk output or parquet files)")
             raise ValueError(f"data.name = '{self.name}' needs data.root = {what} (see README 'Datasets')")
@@ -97,11 +103,11 @@ class ModelConfig(_Section):
     next-word ``so_nwp_lstm`` (TFF: embed 96, LSTM 670, dense 96) or ``so_nwp_lstm_small``;
     Stack Overflow tags ``so_tag_logreg`` (TFF: one dense sigmoid layer); FEMNIST
     ``femnist_cnn`` (LEAF's CNN) or ``femnist_cnn_small``; CIFAR-100 ``cifar100_resnet18_gn``
-    (ResNet-18 with group norm) or ``cifar100_cnn_small``."""
+    (ResNet-18 with group norm) or ``cifar100_cnn_small``; ``synthetic``: ``logreg``."""
 
     name: Literal["shakespeare_lstm", "shakespeare_lstm_small", "so_nwp_lstm", "so_nwp_lstm_small",
                   "so_tag_logreg", "femnist_cnn", "femnist_cnn_small", "cifar100_resnet18_gn",
-                  "cifar100_cnn_small"] = "shakespeare_lstm_small"
+                  "cifar100_cnn_small", "logreg"] = "shakespeare_lstm_small"
 
 
 class ClientConfig(_Section):
@@ -213,6 +219,10 @@ class PrivacyConfig(_Section):
         most this.
     delta : δ; default ``1 / N^1.1`` with ``N`` the population.
     accountant : ``pld`` (default, tight) or ``rdp``; ``fixed`` sampling always uses RDP.
+    account_every : compute ε after every this many rounds (and always after the last one);
+        the ledger records every round, with ε null in between. Default 1 (every round). A
+        PLD composition costs about 0.1–0.3 s, which dominates rounds of small models: sweeps
+        can raise it. The final ε is the same.
     workload : what the factorization is optimised for: ``prefix`` (SGD) or ``momentum``
         (the server's momentum β).
     bands : ``banded``: number of bands (default ``sampling.min_sep``).
@@ -236,6 +246,7 @@ class PrivacyConfig(_Section):
     target_epsilon: float | None = Field(default=None, gt=0, le=1e3)
     delta: float | None = Field(default=None, gt=0, lt=1)
     accountant: Literal["pld", "rdp"] = "pld"
+    account_every: int = Field(default=1, ge=1)
     workload: Literal["prefix", "momentum"] = "prefix"
     bands: int | None = Field(default=None, ge=1)
     buffers: int = Field(default=4, ge=1, le=64)
@@ -378,9 +389,15 @@ class SimConfig(_Section):
         capable), ``inprocess`` (a Grid that calls the ClientApp in this process, one message
         after the other: no Ray start, for tests, debugging and small sweeps) or ``auto``
         (``inprocess`` for one worker, else ``ray``). Same results for the same seed.
+    vectorize : train a worker's users together under ``torch.func.vmap``
+        (:mod:`fedsim.vectorized`): ``auto`` (when the model has no recurrent layers and at most
+        2M parameters, and no DiSK client evaluation, error feedback or example-level DP is on),
+        ``on`` (the same, but refuse a model that cannot be), ``off``. Equal to sequential
+        training up to float rounding.
     """
 
     engine: Literal["auto", "ray", "inprocess"] = "auto"
+    vectorize: Literal["auto", "on", "off"] = "auto"
     num_workers: int | None = Field(default=None, ge=1, le=1024)
     client_cpus: float = Field(default=1.0, gt=0)
     client_gpus: float = Field(default=0.0, ge=0)

@@ -61,6 +61,7 @@ class Task:
     error_feedback: str = "none"
     ef_clip: float = 0.0
     example_dp: ExampleDP | None = None
+    vectorize: bool = False
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -73,4 +74,4 @@ class Task:
         return cls(DataSpec(**d["data"]), d["model"], int(d["model_seed"]), int(d["seed"]),
                    LocalTraining(**d["local"]), int(d.get("threads", 1)), bool(d.get("use_gpu", False)), disk,
                    str(d.get("error_feedback", "none")), float(d.get("ef_clip", 0.0)),
-                   ExampleDP(**d["example_dp"]) if d.get("example_dp") else None)
+                   ExampleDP(**d["example_dp"]) if d.get("example_dp") else None, bool(d.get("vectorize", False)))

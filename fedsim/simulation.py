@@ -165,6 +165,19 @@ def num_workers(cfg: Config) -> int:
     return max(1, int(cpus // cfg.sim.client_cpus))
 
 
+def resolve_vectorize(cfg: Config, model_ok: bool, disk_client: bool) -> bool:
+    """Whether workers train their users together (``sim.vectorize``; :mod:`fedsim.vectorized`)."""
+    other = disk_client or cfg.client.error_feedback != "none" or cfg.privacy.unit == "example"
+    if cfg.sim.vectorize == "off":
+        return False
+    if cfg.sim.vectorize == "on" and (not model_ok or other):
+        raise FedsimError(f"sim.vectorize = 'on': model.name = '{cfg.model.name}' "
+                          f"{'has recurrent layers or more than 2M parameters' if not model_ok else 'is fine, but'}"
+                          f"{'' if not other else ' DiSK client evaluation, error feedback or example-level DP is on'};"
+                          f" use sim.vectorize = 'auto' or 'off'")
+    return model_ok and not other
+
+
 def resolve_engine(cfg: Config, n_workers: int) -> str:
     """``sim.engine``, with ``auto`` → ``inprocess`` for one worker, ``ray`` otherwise."""
     if cfg.sim.engine != "auto":
@@ -185,6 +198,7 @@ class Prepared:
     num_params: int
     update_noise_multiplier: float
     budget_split: dict[str, Any] | None
+    vectorizable: bool = False
 
 
 def prepare(cfg: Config, extra_users: int = 0, data: FederatedData | None = None) -> Prepared:
@@ -213,7 +227,10 @@ def prepare(cfg: Config, extra_users: int = 0, data: FederatedData | None = None
         from fedsim.error_feedback import check_memory
 
         check_memory(data.population, x0.numel(), cfg.client.error_feedback_memory_mb)
-    return Prepared(cfg, data, spec, scheme, plan, x0, num_parameters(model), z_update, split)
+    from fedsim.vectorized import vectorizable
+
+    return Prepared(cfg, data, spec, scheme, plan, x0, num_parameters(model), z_update, split,
+                    vectorizable(model))
 
 
 class _DropDeprecationBanner(logging.Filter):
@@ -389,7 +406,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         from fedsim.error_feedback import SERVER_EF_LABEL
 
         notes.append(SERVER_EF_LABEL)
-    ledger = Ledger(spec, cfg.rounds, budget_split=prep.budget_split, notes=notes)
+    ledger = Ledger(spec, cfg.rounds, budget_split=prep.budget_split, notes=notes,
+                    account_every=cfg.privacy.account_every)
     example_dp = None
     if cfg.privacy.unit == "example":
         from fedsim.example_dp import ExampleDP, SiloLedger, steps_and_rate
@@ -419,7 +437,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     task = Task(DataSpec.from_config(cfg.data), cfg.model.name, derive_seed(cfg.seed, "model"), cfg.seed,
                 local, threads=max(1, int(cfg.sim.client_cpus)),
                 use_gpu=cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu", disk=disk,
-                error_feedback=ef, ef_clip=c2 if ef != "none" else 0.0, example_dp=example_dp)
+                error_feedback=ef, ef_clip=c2 if ef != "none" else 0.0, example_dp=example_dp,
+                vectorize=resolve_vectorize(cfg, prep.vectorizable, disk is not None))
     client_store = None
     if ef == "client":
         from fedsim.error_feedback import ClientStateStore
@@ -502,7 +521,6 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     strategy.update_clip = c1 if ef == "server" else None
 
     _quiet_flower()
-    from flwr.simulation import run_simulation
 
     gpus = cfg.sim.client_gpus if torch.cuda.is_available() else 0.0
     backend_config = {
@@ -531,6 +549,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
             with task_identity():
                 strategy.run(InProcessGrid(client_app, n_workers))
         else:
+            from flwr.simulation import run_simulation
+
             run_simulation(server_app=make_server_app(strategy), client_app=client_app,
                            num_supernodes=n_workers, backend_config=backend_config)
     finally:
@@ -572,6 +592,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         "wall_seconds": time.perf_counter() - t_start,
         "num_workers": n_workers,
         "engine": "deployment" if deployment is not None else engine,
+        "vectorized": task.vectorize,
         "device": str(device),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")

@@ -76,3 +76,21 @@ def test_inprocess_grid_turns_exceptions_into_error_replies_and_drops_late_repli
     ok, err = replies
     assert not ok.has_error() and ok.content["metrics"]["node"] == nodes[0] == ok.metadata.src_node_id
     assert err.has_error() and "client failure" in err.error.reason and err.metadata.src_node_id == nodes[1]
+
+
+def test_account_every_skips_intermediate_epsilons_but_not_the_final_one(tmp_path):
+    from fedsim.privacy.ledger import recompute_epsilon
+    from fedsim.simulation import run_experiment
+
+    base = ["data.name='synthetic'", "data.num_clients=60", "model.name='logreg'", "rounds=5",
+            "sampling.scheme='poisson'", "sampling.cohort_size=10", "privacy.mechanism='gaussian'",
+            "privacy.noise_multiplier=1.0", "eval.every=0", "eval.max_users=5", "sim.num_workers=1"]
+    every = run_experiment(load_config(None, base), tmp_path / "a", progress=False)
+    sparse = run_experiment(load_config(None, base + ["privacy.account_every=3"]), tmp_path / "b", progress=False)
+    assert every["epsilon"] == sparse["epsilon"] and every["model_sha256"] == sparse["model_sha256"]
+    rows = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epsilon"] is not None for r in rows] == [False, False, True, False, True]
+    ledger = json.loads((tmp_path / "b" / "ledger.json").read_text())
+    assert [e["epsilon"] is not None for e in ledger["entries"]] == [False, False, True, False, True]
+    assert ledger["entries"][2]["epsilon"] == pytest.approx(recompute_epsilon(ledger, rounds=3), rel=1e-8)
+    assert ledger["entries"][4]["epsilon"] == pytest.approx(recompute_epsilon(ledger), rel=1e-8)

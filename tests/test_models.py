@@ -46,6 +46,7 @@ CIFAR = {"channels": 3, "size": 32, "num_classes": 100}
     ("femnist_cnn_small", FEMNIST, _conv(1, 16, 5) + _conv(16, 32, 5) + (32 * 7 * 7 * 128 + 128) + (128 * 62 + 62)),
     ("cifar100_cnn_small", CIFAR, _conv(3, 32, 3) + _conv(32, 64, 3) + (64 * 8 * 8 * 256 + 256) + (256 * 100 + 100)),
     ("cifar100_resnet18_gn", CIFAR, _resnet18_gn(3, 100)),
+    ("logreg", {"in_features": 64, "num_classes": 10}, 64 * 10 + 10),
 ])
 def test_model_parameter_counts_and_a_cpu_forward_backward(name, dims, expected):
     model = make_model(name, dims, seed=1)
@@ -54,6 +55,11 @@ def test_model_parameter_counts_and_a_cpu_forward_backward(name, dims, expected)
         assert expected == 4_053_428  # TFF's Keras count (one LSTM bias) is 4,050,748
     if "channels" in dims:
         x = torch.randn(3, dims["channels"], dims["size"], dims["size"])
+        out = model(x)
+        assert out.shape == (3, dims["num_classes"])
+        loss = torch.nn.functional.cross_entropy(out, torch.tensor([0, 1, 2]))
+    elif "num_classes" in dims and "in_features" in dims:
+        x = torch.randn(3, dims["in_features"])
         out = model(x)
         assert out.shape == (3, dims["num_classes"])
         loss = torch.nn.functional.cross_entropy(out, torch.tensor([0, 1, 2]))
@@ -85,7 +91,7 @@ def test_model_parameter_counts_and_a_cpu_forward_backward(name, dims, expected)
 
 def test_every_model_is_covered_and_refuses_the_wrong_dims():
     covered = {"so_nwp_lstm", "so_nwp_lstm_small", "so_tag_logreg", "shakespeare_lstm", "shakespeare_lstm_small",
-               "femnist_cnn", "femnist_cnn_small", "cifar100_cnn_small", "cifar100_resnet18_gn"}
+               "femnist_cnn", "femnist_cnn_small", "cifar100_cnn_small", "cifar100_resnet18_gn", "logreg"}
     assert set(MODELS) == covered
     from fedsim.errors import FedsimError
 

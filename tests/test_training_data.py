@@ -161,3 +161,12 @@ def test_assign_users_balances_skewed_costs():
     loads = [sum(costs[u] for u in s) for s in shares]
     assert max(loads) <= max(1.2 * np.mean(loads), np.mean(loads) + max(costs[users]))
     assert assign_users([], costs, 3) == [[], [], []]
+
+
+def test_assign_users_keeps_every_worker_within_1_2x_the_mean_load():
+    rng = np.random.default_rng(1)
+    costs = np.exp(rng.normal(0.0, 1.0, size=5000)) * 64  # skewed (lognormal), no single user dominates
+    for workers in (2, 4, 8):
+        users = sorted(rng.choice(5000, size=400, replace=False).tolist())
+        loads = [sum(costs[u] for u in s) for s in assign_users(users, costs, workers)]
+        assert max(loads) <= 1.2 * np.mean(loads), (workers, max(loads) / np.mean(loads))

@@ -45,12 +45,16 @@ class DataSpec:
     max_elements_per_user: int = 256
     num_clients: int = 500
     partition_alpha: float = 0.1
+    samples_per_user: int = 32
+    num_features: int = 64
+    num_classes: int = 10
 
     @classmethod
     def from_config(cls, cfg: DataConfig) -> "DataSpec":
         return cls(cfg.name, cfg.max_users, cfg.subset_seed, cfg.min_chars, cfg.window, cfg.cache_dir,
                    cfg.root, cfg.vocab_size, cfg.tag_vocab_size, cfg.seq_len, cfg.num_oov_buckets,
-                   cfg.max_elements_per_user, cfg.num_clients, cfg.partition_alpha)
+                   cfg.max_elements_per_user, cfg.num_clients, cfg.partition_alpha, cfg.samples_per_user,
+                   cfg.num_features, cfg.num_classes)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -190,6 +194,11 @@ def load_federated(spec: DataSpec) -> FederatedData:
         return _load_images(spec)
     if spec.name == "shakespeare_leaf":
         return _load_leaf_shakespeare(spec)
+    if spec.name == "synthetic":
+        from fedsim.data.synthetic import SyntheticClassification
+
+        return SyntheticClassification(spec.num_clients, spec.samples_per_user, spec.num_features,
+                                       spec.num_classes, spec.subset_seed)
     if spec.name != "shakespeare":
         raise FedsimError(f"data.name = {spec.name!r}: allowed are 'shakespeare', 'shakespeare_leaf', 'femnist', "
                           f"'cifar100', {', '.join(map(repr, SO_TASKS))}")

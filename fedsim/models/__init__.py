@@ -15,6 +15,7 @@
   max-pool) with group normalization (2 groups) instead of batch normalization, the usual
   federated choice (batch statistics do not survive averaging): 11,220,132 parameters.
   ``cifar100_cnn_small``: two 3×3 conv layers of 32 and 64 channels, dense 256.
+- ``logreg`` (task ``vector``, the ``synthetic`` dataset): multinomial logistic regression.
 """
 
 from __future__ import annotations
@@ -86,6 +87,17 @@ class WordLSTM(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, _ = self.lstm(self.embed(x))
         return self.head(self.proj(h))
+
+
+class LogReg(nn.Module):
+    """Multinomial logistic regression: logits ``x·W + b`` over ``num_classes``."""
+
+    def __init__(self, in_features: int, num_classes: int, dp_layers: bool = False) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
 
 
 class TagLogReg(nn.Module):
@@ -173,11 +185,12 @@ MODELS: dict[str, tuple[str, type[nn.Module], dict[str, Any]]] = {
     "femnist_cnn_small": ("femnist", SmallCNN, dict(widths=(16, 32), kernel=5, hidden=128)),
     "cifar100_resnet18_gn": ("cifar100", ResNet18GN, dict(groups=2)),
     "cifar100_cnn_small": ("cifar100", SmallCNN, dict(widths=(32, 64), kernel=3, hidden=256)),
+    "logreg": ("vector", LogReg, {}),
 }
 #: the task of each dataset (``data.name``)
 DATA_TASKS = {"shakespeare": "char", "shakespeare_leaf": "char", "stackoverflow_nwp": "nwp",
               "stackoverflow_tag": "tag",
-              "femnist": "femnist", "cifar100": "cifar100"}
+              "femnist": "femnist", "cifar100": "cifar100", "synthetic": "vector"}
 
 
 def model_task(name: str) -> str:
@@ -198,7 +211,7 @@ def make_model(name: str, dims: int | dict[str, int], seed: int = 0, dp_layers: 
         dims = {"vocab_size": dims}
     image = ("channels", "num_classes", "size")
     want = {"char": ("vocab_size",), "nwp": ("num_classes",), "tag": ("in_features", "out_features"),
-            "femnist": image, "cifar100": image}[task]
+            "femnist": image, "cifar100": image, "vector": ("in_features", "num_classes")}[task]
     if tuple(sorted(dims)) != tuple(sorted(want)):
         raise FedsimError(f"model.name = {name!r} is a {task!r} model; the dataset gives {sorted(dims)} "
                           f"(pick a model for the dataset's task)")

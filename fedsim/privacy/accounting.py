@@ -202,18 +202,19 @@ class EpsilonCurve:
         self._pld = None
         self._cache: dict[int, float] = {}
         poisson_like = (spec.mechanism == "gaussian" and spec.scheme == "poisson") or spec.amplified
-        if poisson_like and spec.effective_accountant == "pld":
-            self._pld = pld_lib.from_gaussian_mechanism(
-                standard_deviation=spec.noise_multiplier,
-                sampling_prob=spec.sampling_rate,
-                value_discretization_interval=PLD_DISCRETIZATION,
-            )
+        self._use_pld = poisson_like and spec.effective_accountant == "pld"
 
     def __call__(self, rounds: int) -> float:
         if rounds <= 0:
             return 0.0
         count = self.spec.compositions(rounds)
         if count not in self._cache:
+            if self._use_pld and self._pld is None:  # built on first use (about a second)
+                self._pld = pld_lib.from_gaussian_mechanism(
+                    standard_deviation=self.spec.noise_multiplier,
+                    sampling_prob=self.spec.sampling_rate,
+                    value_discretization_interval=PLD_DISCRETIZATION,
+                )
             if self._pld is None:
                 self._cache[count] = epsilon(self.spec, rounds)
             else:

@@ -15,8 +15,8 @@ from typing import Any
 from fedsim.privacy.accounting import AccountingSpec, EpsilonCurve, epsilon
 
 
-def _json_float(x: float) -> float | str:
-    return "inf" if math.isinf(x) else x
+def _json_float(x: float | None) -> float | str | None:
+    return "inf" if x is not None and math.isinf(x) else x
 
 
 class Ledger:
@@ -34,8 +34,12 @@ class Ledger:
     """
 
     def __init__(self, spec: AccountingSpec, planned_rounds: int,
-                 budget_split: dict[str, Any] | None = None, notes: list[str] | None = None) -> None:
+                 budget_split: dict[str, Any] | None = None, notes: list[str] | None = None,
+                 account_every: int = 1) -> None:
         self.spec = spec
+        #: ε is computed after rounds ``t`` with ``t % account_every == 0`` and after the last
+        #: planned round; other entries carry ``epsilon: None``.
+        self.account_every = int(account_every)
         self.notes = list(notes or [])
         self.planned_rounds = planned_rounds
         self.budget_split = budget_split
@@ -51,11 +55,16 @@ class Ledger:
 
     @property
     def epsilon(self) -> float:
-        """ε after the last recorded round (0 before any round)."""
-        return self.entries[-1]["epsilon"] if self.entries else 0.0
+        """ε after the last recorded round (0 before any round), computed if that entry skipped it."""
+        if not self.entries:
+            return 0.0
+        if self.entries[-1]["epsilon"] is None:
+            self.entries[-1]["epsilon"] = self._curve(len(self.entries))
+        return self.entries[-1]["epsilon"]
 
-    def record_round(self, round_index: int, realized_cohort: int, clip_norm: float | None = None) -> float:
-        """Record round ``round_index`` (0-based) and return ε after it.
+    def record_round(self, round_index: int, realized_cohort: int, clip_norm: float | None = None) -> float | None:
+        """Record round ``round_index`` (0-based) and return ε after it (None when
+        ``account_every`` skips this round).
 
         ``realized_cohort`` is stored for the record only: with a fixed
         denominator ``K̄`` the realised size does not enter the accounting.
@@ -63,7 +72,9 @@ class Ledger:
         """
         if round_index != len(self.entries):
             raise RuntimeError(f"ledger expects round {len(self.entries)}, got {round_index}")
-        eps = self._curve(round_index + 1)
+        t = round_index + 1
+        due = t % self.account_every == 0 or t >= self.planned_rounds
+        eps = self._curve(t) if due else None
         entry: dict[str, Any] = {"round": round_index + 1, "epsilon": eps, "cohort": int(realized_cohort)}
         if self.budget_split is not None and clip_norm is not None:
             entry["clip_norm"] = float(clip_norm)

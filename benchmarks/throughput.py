@@ -1,0 +1,171 @@
+"""Simulation speed: fedsim's engines against a plain PyTorch loop (the "floor"), interleaved.
+
+Workloads (issue 6):
+
+- ``w2`` — overhead-bound: logistic regression (64 features, 10 classes) on 100 users with 18
+  samples each (the size of sklearn's digits split 100 ways; here the ``synthetic`` dataset),
+  50 users per round, batch 8, one epoch.
+- ``w1`` — compute-bound: LEAF's character LSTM (``shakespeare_lstm``, ≈ 820k parameters),
+  20 users per round × 64 windows of 80 characters, batch 8, one epoch, on the bundled
+  Shakespeare users.
+
+Systems: ``floor`` (one thread, a plain loop: copy the global model, local SGD, clip, sum, add
+Gaussian noise, step — the same users and DP steps as fedsim), ``fedsim-inprocess`` (one
+worker, no Ray; vectorized where the model allows), ``fedsim-inprocess-seq`` (vectorization
+off), ``fedsim-ray`` (two Ray workers). The floor computes no ε; fedsim runs with
+``privacy.account_every`` past the last round (ε once, at the end), and
+``fedsim-inprocess-eps-every-round`` shows the cost of a PLD ε after every round. Each repetition runs every system once, in turn, so
+machine load affects them alike; the ratio to the floor is computed within a repetition.
+
+Usage::
+
+    python benchmarks/throughput.py [--workloads w2 w1] [--rounds 20] [--reps 2] [--quick] [--json]
+
+``--json`` prints rows ``{"system", "workload", "per_round_s", "total_s", "first_round_s",
+"peak_rss_mb", "ratio_to_floor", "load_avg"}`` (medians over repetitions). Peers (Flower's DP
+wrapper, pfl-research) are not run by this script yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORKLOADS = {
+    "w2": ["data.name='synthetic'", "data.num_clients=100", "data.samples_per_user=18", "data.num_features=64",
+           "data.num_classes=10", "model.name='logreg'", "sampling.cohort_size=50", "client.batch_size=8",
+           "client.max_examples=18", "client.lr=0.1"],
+    "w1": ["data.name='shakespeare'", "model.name='shakespeare_lstm'", "sampling.cohort_size=20",
+           "client.batch_size=8", "client.max_examples=64", "client.lr=1.0"],
+}
+COMMON = ["sampling.scheme='poisson'", "privacy.mechanism='gaussian'", "privacy.noise_multiplier=1.0",
+          "client.local_epochs=1", "client.clip_norm=1.0", "server.optimizer='sgd'", "server.lr=1.0",
+          "eval.every=0", "eval.max_users=1", "eval.max_examples_per_user=1", "checkpoint.every=1000000",
+          "privacy.account_every=1000000"]
+SYSTEMS = {
+    "fedsim-inprocess": ["sim.engine='inprocess'", "sim.num_workers=1", "sim.vectorize='auto'"],
+    "fedsim-inprocess-eps-every-round": ["sim.engine='inprocess'", "sim.num_workers=1", "sim.vectorize='auto'",
+                                         "privacy.account_every=1"],
+    "fedsim-inprocess-seq": ["sim.engine='inprocess'", "sim.num_workers=1", "sim.vectorize='off'"],
+    "fedsim-ray": ["sim.engine='ray'", "sim.num_workers=2", "sim.client_cpus=1", "sim.vectorize='auto'"],
+}
+
+FLOOR = r"""
+import json, resource, sys, time
+import numpy as np, torch
+torch.set_num_threads(1)
+from fedsim.config import load_config
+from fedsim.data import DataSpec, load_federated
+from fedsim.models import make_model
+from fedsim.seeding import derive_seed
+cfg = load_config(None, json.loads(sys.argv[1]))
+data = load_federated(DataSpec.from_config(cfg.data))
+model = make_model(cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"))
+params = list(model.parameters())
+x = torch.nn.utils.parameters_to_vector(params).detach().clone()
+rng = np.random.default_rng(0)
+gen = torch.Generator().manual_seed(0)
+N, K, c, z = data.population, cfg.sampling.cohort_size, cfg.client.clip_norm, cfg.privacy.noise_multiplier
+B, lr, m = cfg.client.batch_size, cfg.client.lr, cfg.client.max_examples
+t0 = time.perf_counter(); rounds = []
+for t in range(cfg.rounds):
+    ts = time.perf_counter()
+    cohort = np.nonzero(rng.random(N) < K / N)[0]
+    total = torch.zeros_like(x)
+    for u in cohort:
+        torch.nn.utils.vector_to_parameters(x.clone(), params)
+        opt = torch.optim.SGD(params, lr=lr)
+        perm = torch.randperm(data.num_train(int(u)), generator=gen)[:m].numpy()
+        for s in range(0, len(perm), B):
+            xb, yb = data.train_samples(int(u), np.sort(perm[s:s + B]))
+            opt.zero_grad()
+            data.loss(model(xb), yb).backward()
+            opt.step()
+        d = torch.nn.utils.parameters_to_vector(params).detach() - x
+        total += d * min(1.0, c / (float(d.norm()) + 1e-12))
+    x = x + (total + torch.randn(x.shape, generator=gen) * c * z) / K
+    rounds.append(time.perf_counter() - ts)
+print(json.dumps({"rounds": rounds, "total_s": time.perf_counter() - t0,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+FEDSIM = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+from fedsim.config import load_config
+from fedsim.simulation import run_experiment
+cfg = load_config(None, json.loads(sys.argv[1]))
+s = run_experiment(cfg, sys.argv[2], progress=False)
+rows = [json.loads(l) for l in open(sys.argv[2] + "/metrics.jsonl")]
+print(json.dumps({"rounds": [r["seconds"] for r in rows], "total_s": time.perf_counter() - t0,
+                  "vectorized": s.get("vectorized"),
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def _run(code: str, overrides: list[str], out: str | None = None) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1"}
+    args = [sys.executable, "-c", code, json.dumps(overrides)] + ([out] if out else [])
+    t0 = time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["wall_s"] = time.perf_counter() - t0
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", nargs="+", default=["w2", "w1"], choices=list(WORKLOADS))
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--systems", nargs="+", default=["floor", *SYSTEMS])
+    ap.add_argument("--quick", action="store_true", help="5 rounds, 1 repetition")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rounds, reps = (5, 1) if args.quick else (args.rounds, args.reps)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for wl in args.workloads:
+            base = WORKLOADS[wl] + COMMON + [f"rounds={rounds}"]
+            per: dict[str, list[dict]] = {s: [] for s in args.systems}
+            for rep in range(reps):
+                for system in args.systems:
+                    if system == "floor":
+                        res = _run(FLOOR, base)
+                    else:
+                        res = _run(FEDSIM, base + SYSTEMS[system], str(Path(tmp) / f"{wl}-{system}-{rep}"))
+                    res["load_avg"] = os.getloadavg()[0]
+                    per[system].append(res)
+            floor_round = [statistics.median(r["rounds"][1:] or r["rounds"]) for r in per.get("floor", [])]
+            for system, results in per.items():
+                pr = [statistics.median(r["rounds"][1:] or r["rounds"]) for r in results]
+                ratio = ([p / f for p, f in zip(pr, floor_round)] if floor_round else [])
+                rows.append({"system": system, "workload": wl,
+                             "per_round_s": statistics.median(pr),
+                             "total_s": statistics.median(r["wall_s"] for r in results),
+                             "first_round_s": statistics.median(r["rounds"][0] for r in results),
+                             "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
+                             "ratio_to_floor": statistics.median(ratio) if ratio else None,
+                             "vectorized": results[0].get("vectorized"),
+                             "load_avg": statistics.median(r["load_avg"] for r in results)})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for r in rows:
+            print(f"{r['workload']:3s} {r['system']:22s} per round {r['per_round_s']:.4f} s  total {r['total_s']:.1f} s  "
+                  f"first {r['first_round_s']:.2f} s  ratio {r['ratio_to_floor'] if r['ratio_to_floor'] is None else round(r['ratio_to_floor'], 3)}"
+                  f"  rss {r['peak_rss_mb']:.0f} MB  load {r['load_avg']:.1f}")
+
+
+if __name__ == "__main__":
+    main()
