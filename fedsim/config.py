@@ -394,10 +394,14 @@ class SimConfig(_Section):
         2M parameters, and no DiSK client evaluation, error feedback or example-level DP is on),
         ``on`` (the same, but refuse a model that cannot be), ``off``. Equal to sequential
         training up to float rounding.
+    ray_address : join an existing Ray cluster (``"HOST:PORT"`` of its head, as printed by
+        ``ray start --head``) instead of starting a local Ray; the cluster's resources decide
+        where the workers run. Default None (local).
     """
 
     engine: Literal["auto", "ray", "inprocess"] = "auto"
     vectorize: Literal["auto", "on", "off"] = "auto"
+    ray_address: str | None = None
     num_workers: int | None = Field(default=None, ge=1, le=1024)
     client_cpus: float = Field(default=1.0, gt=0)
     client_gpus: float = Field(default=0.0, ge=0)

@@ -523,16 +523,16 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     _quiet_flower()
 
     gpus = cfg.sim.client_gpus if torch.cuda.is_available() else 0.0
-    backend_config = {
-        "client_resources": {"num_cpus": cfg.sim.client_cpus, "num_gpus": gpus},
-        "init_args": {
-            "num_cpus": int(math.ceil(n_workers * cfg.sim.client_cpus)),
-            "num_gpus": int(math.ceil(n_workers * gpus)),
-            "include_dashboard": False,
-            "logging_level": logging.ERROR,
-            "log_to_driver": True,
-        },
+    init_args: dict[str, Any] = {
+        "num_cpus": int(math.ceil(n_workers * cfg.sim.client_cpus)),
+        "num_gpus": int(math.ceil(n_workers * gpus)),
+        "include_dashboard": False,
+        "logging_level": logging.ERROR,
+        "log_to_driver": True,
     }
+    if cfg.sim.ray_address:  # join a running cluster: its resources, not ours
+        init_args = {"address": cfg.sim.ray_address, "logging_level": logging.ERROR, "log_to_driver": True}
+    backend_config = {"client_resources": {"num_cpus": cfg.sim.client_cpus, "num_gpus": gpus}, "init_args": init_args}
     if progress:
         print(f"fedsim: {cfg.name}: {pop} users, {prep.num_params:,} parameters, {cfg.rounds} rounds, "
               f"{spec.mechanism} noise z = {spec.noise_multiplier:.4g}, δ = {spec.delta:.3g}, "
