@@ -14,7 +14,10 @@ Gaussian noise, step — the same users and DP steps as fedsim), ``fedsim-inproc
 worker, no Ray; vectorized where the model allows), ``fedsim-inprocess-seq`` (vectorization
 off), ``fedsim-ray`` (two Ray workers). The floor computes no ε; fedsim runs with
 ``privacy.account_every`` past the last round (ε once, at the end), and
-``fedsim-inprocess-eps-every-round`` shows the cost of a PLD ε after every round. Each repetition runs every system once, in turn, so
+``fedsim-inprocess-eps-every-round`` shows the cost of a PLD ε after every round; ``flower``
+(Flower 1.41's own ``FedAvg`` wrapped in ``DifferentialPrivacyServerSideFixedClipping``, a
+quickstart-style ClientApp with one SuperNode per user, Ray with 2 actors; its rounds are timed
+with the strategy's ``evaluate_fn`` hook). Each repetition runs every system once, in turn, so
 machine load affects them alike; the ratio to the floor is computed within a repetition.
 
 Usage::
@@ -22,8 +25,8 @@ Usage::
     python benchmarks/throughput.py [--workloads w2 w1] [--rounds 20] [--reps 2] [--quick] [--json]
 
 ``--json`` prints rows ``{"system", "workload", "per_round_s", "total_s", "first_round_s",
-"peak_rss_mb", "ratio_to_floor", "load_avg"}`` (medians over repetitions). Peers (Flower's DP
-wrapper, pfl-research) are not run by this script yet.
+"peak_rss_mb", "ratio_to_floor", "load_avg"}`` (medians over repetitions). pfl-research is not
+run by this script (it needs its own environment: it pins ``dp-accounting`` 0.5.1).
 """
 
 from __future__ import annotations
@@ -110,6 +113,69 @@ print(json.dumps({"rounds": [r["seconds"] for r in rows], "total_s": time.perf_c
 """
 
 
+FLOWER = r"""
+import json, logging, os, resource, sys, time
+t0 = time.perf_counter()
+import numpy as np, torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+from flwr.simulation import run_simulation
+from fedsim.config import load_config
+from fedsim.data import DataSpec, load_federated
+from fedsim.models import make_model
+from fedsim.seeding import derive_seed
+cfg = load_config(None, json.loads(sys.argv[1]))
+N, K = cfg.data.num_clients if cfg.data.name == "synthetic" else None, cfg.sampling.cohort_size
+
+def build():
+    data = load_federated(DataSpec.from_config(cfg.data))
+    return data, make_model(cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"))
+
+client = ClientApp()
+
+@client.train()
+def train(msg: Message, ctx: Context) -> Message:
+    torch.set_num_threads(1)
+    data, model = build()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    u = int(ctx.node_config["partition-id"])
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.client.lr)
+    perm = torch.randperm(data.num_train(u))[: cfg.client.max_examples].numpy()
+    for s in range(0, len(perm), cfg.client.batch_size):
+        xb, yb = data.train_samples(u, np.sort(perm[s:s + cfg.client.batch_size]))
+        opt.zero_grad(); data.loss(model(xb), yb).backward(); opt.step()
+    return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                               "metrics": MetricRecord({"num-examples": len(perm)})}), reply_to=msg)
+
+stamps = []
+server = ServerApp()
+
+@server.main()
+def main(grid: Grid, ctx: Context) -> None:
+    data, model = build()
+    n = data.population
+    fed = FedAvg(fraction_train=K / n, fraction_evaluate=0.0, min_train_nodes=K, min_available_nodes=n)
+    dp = DifferentialPrivacyServerSideFixedClipping(fed, noise_multiplier=cfg.privacy.noise_multiplier,
+                                                    clipping_norm=cfg.client.clip_norm, num_sampled_clients=K)
+    stamps.append(time.perf_counter())
+    dp.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=cfg.rounds,
+             evaluate_fn=lambda r, a: stamps.append(time.perf_counter()) or None)
+
+data, _ = build()
+logging.getLogger("flwr").setLevel(logging.ERROR)
+run_simulation(server_app=server, client_app=client, num_supernodes=data.population,
+               backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                               "init_args": {"num_cpus": 2, "include_dashboard": False, "logging_level": logging.ERROR}})
+# stamps[0]: start; evaluate_fn also runs once before round 1
+marks = stamps[1:]
+rounds = [b - a for a, b in zip(marks, marks[1:])]
+print(json.dumps({"rounds": rounds, "total_s": time.perf_counter() - t0,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
 def _run(code: str, overrides: list[str], out: str | None = None) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1"}
@@ -128,7 +194,7 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=["w2", "w1"], choices=list(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--systems", nargs="+", default=["floor", *SYSTEMS])
+    ap.add_argument("--systems", nargs="+", default=["floor", *SYSTEMS, "flower"])
     ap.add_argument("--quick", action="store_true", help="5 rounds, 1 repetition")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -142,6 +208,8 @@ def main() -> None:
                 for system in args.systems:
                     if system == "floor":
                         res = _run(FLOOR, base)
+                    elif system == "flower":
+                        res = _run(FLOWER, base)
                     else:
                         res = _run(FEDSIM, base + SYSTEMS[system], str(Path(tmp) / f"{wl}-{system}-{rep}"))
                     res["load_avg"] = os.getloadavg()[0]

@@ -204,3 +204,15 @@ def test_fedsim_run_on_femnist_fixture_two_rounds(femnist_dirs, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_completed"] == 2 and summary["population"] == 9
     assert 0.0 <= summary["final_eval_accuracy"] <= 1.0 and summary["majority_baseline_accuracy"] is not None
+
+
+def test_a_parquet_without_the_needed_column_names_the_file(tmp_path):
+    (tmp_path / "data").mkdir()
+    _femnist(20).remove_columns(["character"]).to_parquet(str(tmp_path / "data" / "train-00000-of-00001.parquet"))
+    with pytest.raises(FedsimError, match=r"train-00000-of-00001\.parquet: split 'train' lacks column\(s\) "
+                                          r"\['character'\]"):
+        FederatedImages("femnist", tmp_path, cache_dir=tmp_path / "c")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "train-00000-of-00001.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(FedsimError, match="could not read the parquet files"):
+        FederatedImages("femnist", tmp_path / "bad", cache_dir=tmp_path / "c")

@@ -70,6 +70,19 @@ def load_hf_folder(root: str | Path, cache_dir: Path | None = None) -> dict[str,
                       f"nor any *.parquet or *.csv file")
 
 
+def split_source(root: str | Path, split: str) -> str:
+    """The file(s) a split was read from, for error messages: the data files of ``split`` (up
+    to three named), or the ``save_to_disk`` folder."""
+    root = Path(root)
+    if (root / "dataset_dict.json").exists() or (root / "state.json").exists():
+        return f"{root} (save_to_disk folder, split '{split}')"
+    files = [p for p in data_files(root) if p.suffix in (".parquet", ".csv") and _split_of(p) == split]
+    if not files:
+        return str(root)
+    more = f" and {len(files) - 3} more" if len(files) > 3 else ""
+    return ", ".join(str(p) for p in files[:3]) + more
+
+
 def cache_folder(cache: Path, name: str, root: Path, version: int, settings: list[Any]) -> Path:
     """``cache/<kind>/<name>-<key>``: the key hashes the settings, the folder's absolute path and
     every data file's relative path, size and modification time."""

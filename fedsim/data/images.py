@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from fedsim.data.base import CachedArrays, TopOneClassification
-from fedsim.data.hf_local import build_once, cache_folder, load_hf_folder, user_contiguous
+from fedsim.data.hf_local import build_once, cache_folder, load_hf_folder, split_source, user_contiguous
 from fedsim.errors import FedsimError
 
 CACHE_VERSION = 1
@@ -73,8 +73,8 @@ def _check_columns(name: str, splits: dict[str, Any], layout: ImageLayout, root:
         want = [c for c in (layout.image, layout.label, layout.user) if c is not None]
         missing = [c for c in want if c not in cols]
         if missing:
-            raise FedsimError(f"{root}: split '{split}' lacks column(s) {missing} of the {name} layout "
-                              f"(expected {want}; found {sorted(cols)})")
+            raise FedsimError(f"{split_source(root, split)}: split '{split}' lacks column(s) {missing} of the "
+                              f"{name} layout (expected {want}; found {sorted(cols)})")
 
 
 def _pixels(ds: Any, column: str, layout: ImageLayout, root: Path) -> np.ndarray:

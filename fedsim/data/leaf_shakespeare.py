@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from fedsim.data import shakespeare
 from fedsim.data.base import CachedArrays, TopOneClassification
-from fedsim.data.hf_local import build_once, cache_folder, load_hf_folder, user_contiguous
+from fedsim.data.hf_local import build_once, cache_folder, load_hf_folder, split_source, user_contiguous
 from fedsim.errors import FedsimError
 
 CACHE_VERSION = 1
@@ -36,7 +36,7 @@ def _build(root: Path, cache: Path, tmp: Path) -> None:
         raise FedsimError(f"{root}: no 'train' split; found {sorted(splits)}")
     missing = [c for c in COLUMNS if c not in ds.column_names]
     if missing:
-        raise FedsimError(f"{root}: lacks column(s) {missing} of the flwrlabs/shakespeare layout "
+        raise FedsimError(f"{split_source(root, 'train')}: lacks column(s) {missing} of the flwrlabs/shakespeare layout "
                           f"(expected {list(COLUMNS)}; found {sorted(ds.column_names)})")
     xs, ys = ds["x"], ds["y"]
     if not xs:
