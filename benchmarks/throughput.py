@@ -9,7 +9,8 @@ Workloads (issue 6):
   20 users per round × 64 windows of 80 characters, batch 8, one epoch, on the bundled
   Shakespeare users.
 
-Systems: ``floor`` (one thread, a plain loop: copy the global model, local SGD, clip, sum, add
+Every system trains exactly ``K`` users per round (``sampling.scheme = "fixed"``), so per-round
+times compare the same work. Systems: ``floor`` (one thread, a plain loop: copy the global model, local SGD, clip, sum, add
 Gaussian noise, step — the same users and DP steps as fedsim), ``fedsim-inprocess`` (one
 worker, no Ray; vectorized where the model allows), ``fedsim-inprocess-seq`` (vectorization
 off), ``fedsim-ray`` (two Ray workers). The floor computes no ε; fedsim runs with
@@ -48,7 +49,7 @@ WORKLOADS = {
     "w1": ["data.name='shakespeare'", "model.name='shakespeare_lstm'", "sampling.cohort_size=20",
            "client.batch_size=8", "client.max_examples=64", "client.lr=1.0"],
 }
-COMMON = ["sampling.scheme='poisson'", "privacy.mechanism='gaussian'", "privacy.noise_multiplier=1.0",
+COMMON = ["sampling.scheme='fixed'", "privacy.mechanism='gaussian'", "privacy.noise_multiplier=1.0",
           "client.local_epochs=1", "client.clip_norm=1.0", "server.optimizer='sgd'", "server.lr=1.0",
           "eval.every=0", "eval.max_users=1", "eval.max_examples_per_user=1", "checkpoint.every=1000000",
           "privacy.account_every=1000000"]
@@ -80,7 +81,7 @@ B, lr, m = cfg.client.batch_size, cfg.client.lr, cfg.client.max_examples
 t0 = time.perf_counter(); rounds = []
 for t in range(cfg.rounds):
     ts = time.perf_counter()
-    cohort = np.nonzero(rng.random(N) < K / N)[0]
+    cohort = np.sort(rng.choice(N, size=K, replace=False))  # exactly K, as sampling.scheme = "fixed"
     total = torch.zeros_like(x)
     for u in cohort:
         torch.nn.utils.vector_to_parameters(x.clone(), params)

@@ -102,12 +102,12 @@ class ModelConfig(_Section):
     ``shakespeare_lstm_small`` (embed 8, 2×LSTM 64, under 100k parameters); Stack Overflow
     next-word ``so_nwp_lstm`` (TFF: embed 96, LSTM 670, dense 96) or ``so_nwp_lstm_small``;
     Stack Overflow tags ``so_tag_logreg`` (TFF: one dense sigmoid layer); FEMNIST
-    ``femnist_cnn`` (LEAF's CNN) or ``femnist_cnn_small``; CIFAR-100 ``cifar100_resnet18_gn``
-    (ResNet-18 with group norm) or ``cifar100_cnn_small``; ``synthetic``: ``logreg``."""
+    ``femnist_cnn`` (LEAF's CNN) or ``femnist_cnn_small``; CIFAR-100 ``cifar_resnet18_gn``
+    (ResNet-18 with group norm) or ``cifar_cnn_small``; ``synthetic``: ``logreg``."""
 
     name: Literal["shakespeare_lstm", "shakespeare_lstm_small", "so_nwp_lstm", "so_nwp_lstm_small",
-                  "so_tag_logreg", "femnist_cnn", "femnist_cnn_small", "cifar100_resnet18_gn",
-                  "cifar100_cnn_small", "logreg"] = "shakespeare_lstm_small"
+                  "so_tag_logreg", "femnist_cnn", "femnist_cnn_small", "cifar_resnet18_gn",
+                  "cifar_cnn_small", "logreg"] = "shakespeare_lstm_small"
 
 
 class ClientConfig(_Section):

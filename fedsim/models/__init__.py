@@ -11,10 +11,10 @@
 - ``femnist_cnn`` (task ``femnist``): LEAF's / FedAvg's CNN (two 5×5 conv layers of 32 and 64
   channels, each with 2×2 max-pooling, dense 2048, dense 62): 6,603,710 parameters.
   ``femnist_cnn_small``: 16 and 32 channels, dense 128.
-- ``cifar100_resnet18_gn`` (task ``cifar100``): ResNet-18 for 32×32 inputs (3×3 stem, no
+- ``cifar_resnet18_gn`` (task ``cifar100``): ResNet-18 for 32×32 inputs (3×3 stem, no
   max-pool) with group normalization (2 groups) instead of batch normalization, the usual
   federated choice (batch statistics do not survive averaging): 11,220,132 parameters.
-  ``cifar100_cnn_small``: two 3×3 conv layers of 32 and 64 channels, dense 256.
+  ``cifar_cnn_small``: two 3×3 conv layers of 32 and 64 channels, dense 256.
 - ``logreg`` (task ``vector``, the ``synthetic`` dataset): multinomial logistic regression.
 """
 
@@ -183,8 +183,8 @@ MODELS: dict[str, tuple[str, type[nn.Module], dict[str, Any]]] = {
     "so_tag_logreg": ("tag", TagLogReg, {}),
     "femnist_cnn": ("femnist", SmallCNN, dict(widths=(32, 64), kernel=5, hidden=2048)),
     "femnist_cnn_small": ("femnist", SmallCNN, dict(widths=(16, 32), kernel=5, hidden=128)),
-    "cifar100_resnet18_gn": ("cifar100", ResNet18GN, dict(groups=2)),
-    "cifar100_cnn_small": ("cifar100", SmallCNN, dict(widths=(32, 64), kernel=3, hidden=256)),
+    "cifar_resnet18_gn": ("cifar100", ResNet18GN, dict(groups=2)),
+    "cifar_cnn_small": ("cifar100", SmallCNN, dict(widths=(32, 64), kernel=3, hidden=256)),
     "logreg": ("vector", LogReg, {}),
 }
 #: the task of each dataset (``data.name``)
