@@ -49,6 +49,7 @@ class InProcessGrid(Grid):
         self.contexts = {n: Context(run_id=RUN_ID, node_id=n, node_config=dict(c), state=RecordDict(), run_config={})
                          for n, c in zip(self.node_ids, configs)}
         self._run: Any = None
+        self._replies: dict[str, Message] = {}
 
     # Grid's abstract interface ------------------------------------------------------------
     def set_run(self, run: Any) -> None:
@@ -65,28 +66,39 @@ class InProcessGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return list(self.node_ids)
 
+    def _call(self, msg: Message) -> Message:
+        try:
+            return self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
+        except Exception as e:  # noqa: BLE001 - the client's failure is a reply, not a crash
+            return Message(Error(code=CLIENT_APP_RAISED, reason=f"{type(e).__name__}: {e}"), reply_to=msg)
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        raise NotImplementedError("the in-process grid only supports send_and_receive")
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        raise NotImplementedError("the in-process grid only supports send_and_receive")
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        """Call the ClientApp for each message in turn; return the replies (errors as error replies)."""
-        replies = []
+        """Deliver each message now (the ClientApp runs in this call); its reply waits for
+        :meth:`pull_messages`. Messages to unknown nodes get no id and no reply."""
+        ids = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = str(uuid4())
-            node = msg.metadata.dst_node_id
-            if node not in self.contexts:
-                continue  # no such node: no reply, as on a real grid
+            if msg.metadata.dst_node_id not in self.contexts:
+                continue
+            self._replies[msg.metadata.message_id] = self._call(msg)
+            ids.append(msg.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """The replies to ``message_ids`` that are waiting (each is returned once)."""
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Call the ClientApp for each message in turn; return the replies (errors as error
+        replies). A reply that took longer than ``timeout`` seconds is dropped."""
+        replies = []
+        for msg in messages:
             t0 = time.perf_counter()
-            try:
-                reply = self.client_app(msg, self.contexts[node])
-            except Exception as e:  # noqa: BLE001 - the client's failure is a reply, not a crash
-                reply = Message(Error(code=CLIENT_APP_RAISED, reason=f"{type(e).__name__}: {e}"), reply_to=msg)
-            if timeout is not None and time.perf_counter() - t0 > timeout:
-                continue  # too late: dropped, like a reply after the round timeout
-            replies.append(reply)
+            ids = list(self.push_messages([msg]))
+            late = timeout is not None and time.perf_counter() - t0 > timeout
+            for reply in self.pull_messages(ids):
+                if not late:
+                    replies.append(reply)
         return replies
 
 

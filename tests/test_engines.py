@@ -72,6 +72,12 @@ def test_inprocess_grid_turns_exceptions_into_error_replies_and_drops_late_repli
         msgs = [Message(RecordDict({"config": ConfigRecord({"mode": m})}), dst_node_id=n,
                         message_type=MessageType.TRAIN, group_id="g") for n, m in zip(nodes, ("ok", "raise", "slow"))]
         replies = list(grid.send_and_receive(msgs, timeout=0.2))
+        ids = list(grid.push_messages([Message(RecordDict({"config": ConfigRecord({"mode": "ok"})}),
+                                               dst_node_id=nodes[2], message_type=MessageType.TRAIN,
+                                               group_id="h")]))
+        pulled = list(grid.pull_messages(ids))
+        assert len(pulled) == 1 and pulled[0].metadata.reply_to_message_id == ids[0]
+        assert list(grid.pull_messages(ids)) == []  # each reply is delivered once
     assert len(replies) == 2  # the slow one came after the timeout
     ok, err = replies
     assert not ok.has_error() and ok.content["metrics"]["node"] == nodes[0] == ok.metadata.src_node_id
