@@ -20,7 +20,7 @@ from flwr.clientapp import ClientApp
 
 from fedsim import protocol
 from fedsim.data import DataSpec
-from fedsim.deploy.nodes import node_data
+from fedsim.deploy.nodes import DATA_ROOT, USER_SHARD, node_data
 from fedsim.models import make_model
 from fedsim.training import evaluate_users, train_users, train_users_ef
 from fedsim.vectorized import train_users_vectorized
@@ -34,7 +34,9 @@ _workers: dict[str, tuple] = {}
 def _worker(task_json: str, node_config: dict | None = None) -> tuple:
     """(task, data, model) for this task, built once per process. With a deployment node
     config (``data-root``, ``user-shard``), ``data`` is this node's users, indexed locally."""
-    node_config = dict(node_config or {})
+    # Only the deployment keys select data; Flower's simulation keys (partition-id, …) differ
+    # per virtual node and must not defeat the cache.
+    node_config = {k: v for k, v in (node_config or {}).items() if k in (DATA_ROOT, USER_SHARD)}
     key = task_json + json.dumps({k: str(v) for k, v in node_config.items()}, sort_keys=True)
     with _lock:
         if key not in _workers:
