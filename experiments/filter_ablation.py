@@ -11,9 +11,12 @@ Scale (to fit a 2-core machine): 280 users (seeded subset), cohort 20 (Poisson q
 z = 1.0 for both mechanisms, client SGD step 2.0 (as the default experiment); evaluation after the
 last round on 100 users.
 
-Run: ``python experiments/filter_ablation.py [--seeds 3] [--lrs 1.0 2.5] [--out DIR]``. Writes one
-run folder per (arm, lr, seed) under ``--out`` and ``ablation.json`` with every final accuracy;
-``fedsim report DIR/*`` draws the runs.
+Run: ``python experiments/filter_ablation.py [--seeds 3] [--lrs 1.0 2.5] [--eval-every 10] [--out DIR]``.
+Writes one run folder per (arm, lr, seed) under ``--out`` and ``ablation.json`` with every final
+accuracy; ``fedsim report DIR/* --ablation FILE.png`` draws accuracy against round per arm and the
+final accuracy with error bars. Runs use the in-process engine with the two workers' message split
+(``sim.num_workers = 2``), which gives the same numbers as Ray with two workers; ``--eval-every``
+evaluates during training for the curves (evaluation draws no training randomness).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from fedsim.config import load_config
 
 BASE = ["rounds=70", "model.name='shakespeare_lstm_small'", "data.max_users=280", "client.max_examples=32",
         "client.lr=2.0", "eval.every=0", "eval.max_users=100", "eval.max_examples_per_user=32", "server.optimizer='sgd'",
-        "privacy.noise_multiplier=1.0", "sim.num_workers=2"]
+        "privacy.noise_multiplier=1.0", "sim.num_workers=2", "sim.engine='inprocess'"]
 MECHS = {
     "gaussian": ["sampling.scheme='poisson'", "sampling.cohort_size=20", "privacy.mechanism='gaussian'"],
     "blt": ["sampling.scheme='epochs'", "sampling.min_sep=14", "sampling.cohort_size=20",
@@ -43,7 +46,7 @@ FILTERS = {
 }
 
 
-def one(out: Path, mech: str, filt: str, lr: float, seed: int) -> float:
+def one(out: Path, mech: str, filt: str, lr: float, seed: int, eval_every: int = 0) -> float:
     from fedsim.simulation import run_experiment
 
     run_dir = out / f"{mech}-{filt}-lr{lr:g}-s{seed}"
@@ -51,7 +54,7 @@ def one(out: Path, mech: str, filt: str, lr: float, seed: int) -> float:
     if summ.exists():
         return json.loads(summ.read_text())["final_eval_accuracy"]
     cfg = load_config(None, BASE + MECHS[mech] + FILTERS[filt] + [f"server.lr={lr}", f"seed={seed}",
-                                                                  f"name='{run_dir.name}'"])
+                                                                  f"name='{run_dir.name}'", f"eval.every={eval_every}"])
     return run_experiment(cfg, run_dir, progress=False)["final_eval_accuracy"]
 
 
@@ -61,14 +64,15 @@ def main() -> None:
     ap.add_argument("--lrs", type=float, nargs="+", default=[1.0, 2.5])
     ap.add_argument("--out", type=Path, default=Path("runs/filter_ablation"))
     ap.add_argument("--mechs", nargs="+", default=list(MECHS))
+    ap.add_argument("--eval-every", type=int, default=10, help="evaluate every this many rounds (0: only at the end)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict = {}
     for mech in args.mechs:
         for filt in FILTERS:
-            tune = {lr: one(args.out, mech, filt, lr, 0) for lr in args.lrs}
+            tune = {lr: one(args.out, mech, filt, lr, 0, args.eval_every) for lr in args.lrs}
             best = max(tune, key=lambda lr: tune[lr])
-            accs = [tune[best]] + [one(args.out, mech, filt, best, s) for s in range(1, args.seeds)]
+            accs = [tune[best]] + [one(args.out, mech, filt, best, s, args.eval_every) for s in range(1, args.seeds)]
             results[f"{mech}/{filt}"] = {"lr_grid": tune, "lr": best, "accuracies": accs,
                                          "mean": statistics.mean(accs),
                                          "std": statistics.stdev(accs) if len(accs) > 1 else 0.0}

@@ -189,6 +189,8 @@ def factorize(
     max_participations: Annotated[Optional[int], typer.Option(help="k (epochs, min_sep).")] = None,
     objective: Annotated[str, typer.Option(help="total (loss) | max (max_error)")] = "total",
     tree_estimator: Annotated[str, typer.Option(help="tree: online | full")] = "online",
+    device: Annotated[Optional[str], typer.Option(help="dense/dpmf_plus: torch device of the optimiser "
+                                                  "(cuda = the GPU path); default numpy on the CPU.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write C, the noising matrix and A to this .npz.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -218,7 +220,8 @@ def factorize(
         part = make_scheme(scheme, b, 1, min_sep=b, max_participations=max_participations, rounds=rounds)
     t0 = time.perf_counter()
     plan = plan_mf(mechanism, part, rounds, workload=workload, momentum=momentum, bands=bands,
-                   buffers=buffers, tau=tau, objective=objective, tree_estimator=tree_estimator)
+                   buffers=buffers, tau=tau, objective=objective, tree_estimator=tree_estimator,
+                   factorize_device=device)
     seconds = time.perf_counter() - t0
     A = workload_matrix(workload, rounds, momentum)
     q = factorization_quality(plan, A)

@@ -230,6 +230,9 @@ class PrivacyConfig(_Section):
     tau : ``dpmf_plus``: τ (default ``rounds``).
     objective : ``total`` (Σ prefix-sum errors, the default) or ``max`` (worst prefix).
     tree_estimator : ``tree``: ``online`` (dyadic nodes) or ``full`` (least squares).
+    factorize_device : ``dense``/``dpmf_plus``: torch device that runs the optimiser
+        (``"cuda"``: the GPU path for long runs, e.g. ``n = 2048``); default unset = numpy on
+        the CPU. The result is cached on disk either way.
     unit : ``user`` (default: the server-side mechanism above protects each user) or
         ``example`` (cross-silo: each user is a silo of many people's records and trains with
         Opacus DP-SGD; the ledger adds each silo's example-level ε from Opacus's RDP
@@ -253,10 +256,19 @@ class PrivacyConfig(_Section):
     tau: int | None = Field(default=None, ge=1)
     objective: Literal["total", "max"] = "total"
     tree_estimator: Literal["online", "full"] = "online"
+    factorize_device: str | None = None
     unit: Literal["user", "example"] = "user"
     example_noise_multiplier: float | None = Field(default=None, gt=0, le=1e3)
     example_clip_norm: float = Field(default=1.0, gt=0)
     example_delta: float | None = Field(default=None, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _factorize_device(self) -> "PrivacyConfig":
+        if self.factorize_device is not None and self.mechanism not in ("dense", "dpmf_plus"):
+            raise ValueError(f"privacy.factorize_device only applies to privacy.mechanism = 'dense' or "
+                             f"'dpmf_plus' (the others factorize in closed form or in seconds); remove it "
+                             f"for mechanism '{self.mechanism}'")
+        return self
 
     @model_validator(mode="after")
     def _example_unit(self) -> "PrivacyConfig":

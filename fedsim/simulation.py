@@ -219,7 +219,7 @@ def prepare(cfg: Config, extra_users: int = 0, data: FederatedData | None = None
         p = cfg.privacy
         plan = plan_mf(p.mechanism, scheme, cfg.rounds, workload=p.workload, momentum=cfg.server.momentum,
                        bands=p.bands, buffers=p.buffers, tau=p.tau, objective=p.objective,
-                       tree_estimator=p.tree_estimator)
+                       tree_estimator=p.tree_estimator, factorize_device=p.factorize_device)
     model = make_model(cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"),
                        dp_layers=cfg.privacy.unit == "example")
     x0 = parameters_to_vector(model.parameters()).detach().to(torch.float32)

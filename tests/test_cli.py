@@ -146,3 +146,17 @@ def test_factorize_json_matches_closed_forms(capsys):
                            "--scheme", "epochs", "--min-sep", "4", "--json")
     r = json.loads(out)
     assert r["max_participations"] == 4 and r["sensitivity"] == pytest.approx(2.0)
+
+
+def test_factorize_dense_device_flag(capsys):
+    """--device runs the dense optimiser in torch (the GPU path with cuda); on the CPU it gives
+    numpy's loss; an unusable device is a clear error, not a traceback."""
+    code, out, _ = run_cli(capsys, "factorize", "--mechanism", "dense", "--rounds", "32", "--json")
+    ref = json.loads(out)
+    code2, out2, _ = run_cli(capsys, "factorize", "--mechanism", "dense", "--rounds", "32", "--device", "cpu",
+                             "--json")
+    got = json.loads(out2)
+    assert code == code2 == 0 and got["loss"] == pytest.approx(ref["loss"], rel=1e-10)
+    code3, _, err = run_cli(capsys, "factorize", "--mechanism", "dense", "--rounds", "8", "--device", "warp",
+                            "--json")
+    assert code3 != 0 and "torch device" in err

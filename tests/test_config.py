@@ -55,6 +55,8 @@ BAD_CONFIGS = [
     ("empty-name", {"name": ""}, ["name"]),
     ("max-users-one", {"data": {"max_users": 1}}, ["data.max_users"]),
     ("window-too-large", {"data": {"window": 4096}}, ["data.window"]),
+    ("factorize-device-not-dense", {"privacy": {"mechanism": "blt", "noise_multiplier": 1.0,
+                                                "factorize_device": "cuda"}}, ["privacy.factorize_device"]),
 ]
 
 

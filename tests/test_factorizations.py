@@ -193,6 +193,35 @@ def test_dense_momentum_workload() -> None:
     assert f.loss() <= identity(A).loss()
 
 
+@pytest.mark.parametrize("workload", ["prefix", "momentum"])
+def test_dense_torch_path_equals_numpy(workload: str) -> None:
+    """The torch path (the one that runs on a GPU with device="cuda"), here on the CPU, solves
+    the same fixed point: same iteration count, C and loss equal to numpy's within 1e-9."""
+    n = 48
+    A = prefix_sum(n) if workload == "prefix" else momentum(n, 0.9, np.linspace(1.0, 0.2, n))
+    ref = dense(A)
+    got = dense(A, device="cpu")
+    _check_valid(got)
+    assert got.info["device"] == "cpu" and ref.info["device"] == "numpy"
+    assert got.info["converged"] and abs(got.info["iterations"] - ref.info["iterations"]) <= 1
+    assert _rel(got.C, ref.C) < 1e-9
+    assert got.loss() == pytest.approx(ref.loss(), rel=1e-10)
+    assert abs(got.info["rel_gap"]) < 1e-8
+    via = make_factorization("dpmf_plus", A, device="cpu", cache=False)
+    assert via.info["device"] == "cpu"
+    assert _rel(via.C, make_factorization("dpmf_plus", A, cache=False).C) < 1e-9
+
+
+def test_dense_device_user_errors() -> None:
+    with pytest.raises(FedsimError, match="not a torch device"):
+        dense(prefix_sum(4), device="warp-drive")
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(FedsimError, match="no CUDA GPU"):
+            dense(prefix_sum(4), device="cuda")
+
+
 def test_dense_not_converged_warns() -> None:
     with pytest.warns(RuntimeWarning, match="did not reach"):
         f = dense(prefix_sum(16), max_iter=2)

@@ -26,10 +26,17 @@ class Ragged(SyntheticClassification):
         return np.array([self.num_train(u) for u in range(self.users)])
 
 
-@pytest.mark.parametrize("name,clip", [("logreg", 0.05), ("logreg", 100.0), ("mlp", 0.5)])
-def test_vectorized_equals_sequential(name, clip):
+class RaggedNoBatchedLoss(Ragged):
+    """A dataset without ``batched_loss``: the vectorized path vmaps its ``loss`` instead."""
+
+    batched_loss = None
+
+
+@pytest.mark.parametrize("name,clip,batched", [("logreg", 0.05, True), ("logreg", 100.0, True), ("mlp", 0.5, True),
+                                               ("mlp", 0.5, False)])
+def test_vectorized_equals_sequential(name, clip, batched):
     torch.manual_seed(0)
-    data = Ragged(users=40, samples=20, features=12, classes=5, seed=3)
+    data = (Ragged if batched else RaggedNoBatchedLoss)(users=40, samples=20, features=12, classes=5, seed=3)
     if name == "mlp":
         model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 5))
     else:
@@ -62,3 +69,12 @@ def test_vectorize_on_refuses_what_it_cannot_do():
     assert resolve_vectorize(load_config(None, []), model_ok=True, disk_client=False)
     assert not resolve_vectorize(load_config(None, []), model_ok=True, disk_client=True)
     assert not resolve_vectorize(load_config(None, ["sim.vectorize='off'"]), model_ok=True, disk_client=False)
+
+
+def test_batched_loss_is_each_users_mean_loss():
+    data = Ragged(users=4, samples=6, features=3, classes=5, seed=0)
+    g = torch.Generator().manual_seed(0)
+    out = torch.randn(4, 6, 5, generator=g)
+    y = torch.randint(0, 5, (4, 6), generator=g)
+    per_user = torch.stack([data.loss(out[u], y[u]) for u in range(4)])
+    torch.testing.assert_close(data.batched_loss(out, y), per_user, rtol=1e-6, atol=1e-7)

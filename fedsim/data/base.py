@@ -62,6 +62,16 @@ class TopOneClassification:
         """The training loss of a batch: mean cross-entropy."""
         return torch.nn.functional.cross_entropy(out, y)
 
+    def batched_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """:meth:`loss` of ``U`` users' batches at once (vectorized training): ``out`` is
+        ``(U, B, classes)``, ``y`` is ``(U, B)``; returns the ``(U,)`` per-user mean losses.
+        One plain cross-entropy over all ``U·B`` rows (no ``vmap``: under ``vmap`` torch
+        decomposes the loss and imports its symbolic-shape machinery, a second of start-up)."""
+        if out.dim() == 3 and y.dim() == 2:
+            per = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none")
+            return per.view(y.shape).mean(dim=1)
+        return torch.func.vmap(self.loss)(out, y)
+
     def eval_sums(self, out: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """Summable evaluation counts of a batch: ``loss_sum``/``loss_count``, top-1
         ``correct``/``count``, ``examples``."""

@@ -388,7 +388,75 @@ def _lower_factor(X: np.ndarray) -> np.ndarray:
     return np.tril(L.T[::-1, ::-1])
 
 
-def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000) -> Factorization:
+def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int):
+    """The fixed point of :func:`dense` in numpy; returns ``(v, √e, X, iterations, change, converged)``."""
+    n = W.shape[0]
+    v = np.ones(n)
+    change = np.inf
+    iterations = 0
+    converged = False
+    for iterations in range(1, max_iter + 1):
+        s = np.sqrt(v)
+        root_e, U = _sqrt_psd(s[:, None] * W * s[None, :])
+        v_new = (U * U) @ root_e  # diag(U diag(√e) Uᵀ)
+        change = float(np.max(np.abs(v_new - v) / np.abs(v)))
+        v = v_new
+        if change < tol:
+            converged = True
+            break
+    _check_multipliers(v)
+    s = np.sqrt(v)
+    root_e, U = _sqrt_psd(s[:, None] * W * s[None, :])
+    X = (U * root_e) @ U.T / np.outer(s, s)
+    return v, root_e, X, iterations, change, converged
+
+
+def _dense_iterate_torch(W: np.ndarray, tol: float, max_iter: int, device: str):
+    """The same fixed point in torch float64 on ``device`` (the GPU path); same returns."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise FedsimError(f"factorization device {device!r} is not a torch device; use 'cpu' or 'cuda'") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise FedsimError(f"factorization device {device!r} asked for, but torch sees no CUDA GPU; "
+                          "leave the device unset (numpy on the CPU) or run on a GPU machine")
+    Wt = torch.as_tensor(W, dtype=torch.float64, device=dev)
+
+    def sqrt_psd(s: "torch.Tensor"):
+        e, U = torch.linalg.eigh(s[:, None] * Wt * s[None, :])
+        return e.clamp_min(0.0).sqrt(), U
+
+    v = torch.ones(W.shape[0], dtype=torch.float64, device=dev)
+    change = float("inf")
+    iterations = 0
+    converged = False
+    for iterations in range(1, max_iter + 1):
+        root_e, U = sqrt_psd(v.sqrt())
+        v_new = (U * U) @ root_e
+        change = float(((v_new - v).abs() / v.abs()).max())
+        v = v_new
+        if change < tol:
+            converged = True
+            break
+    _check_multipliers(v.cpu().numpy())
+    s = v.sqrt()
+    root_e, U = sqrt_psd(s)
+    X = (U * root_e) @ U.T / torch.outer(s, s)
+    return (v.cpu().numpy(), root_e.cpu().numpy(), X.cpu().numpy(), iterations, change, converged)
+
+
+def _check_multipliers(v: np.ndarray) -> None:
+    if not np.all(v > 0):
+        raise FedsimError(
+            "the dense factorization broke down (non-positive multipliers); the workload "
+            "is too ill-conditioned: use fewer rounds or a better-conditioned schedule"
+        )
+
+
+def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000,
+          device: str | None = None) -> Factorization:
     """Optimal factorization for ``‖B‖_F`` under single participation (Denisov et al. 2022).
 
     Minimises ``tr(W X⁻¹)`` over ``X = CᵀC`` with ``diag X = 1``, ``W = AᵀA``, by the
@@ -405,6 +473,12 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000) -> Factoriz
         Stop when ``max_i |v_new,i − v_i| / |v_i| < tol``. Default ``1e-10``.
     max_iter : int, optional
         Iteration cap (default 10 000); reaching it warns and sets ``converged=False``.
+    device : str or None, optional
+        ``None`` (default): the iteration runs in numpy on the CPU. A torch device string
+        (``"cuda"``, ``"cuda:1"``, ``"cpu"``): the iteration and the final eigen-decomposition
+        run in torch float64 on that device (the GPU path for large ``n``: each iteration
+        is one ``n×n`` symmetric eigen-decomposition, ``O(n³)``); the Cholesky factor and
+        ``B`` are then formed in numpy. Both paths stop at the same ``tol``.
 
     Returns
     -------
@@ -423,28 +497,10 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000) -> Factoriz
     start = time.perf_counter()
     W = A.T @ A
     W = 0.5 * (W + W.T)
-    n = W.shape[0]
-    v = np.ones(n)
-    change = np.inf
-    iterations = 0
-    converged = False
-    for iterations in range(1, int(max_iter) + 1):
-        s = np.sqrt(v)
-        root_e, U = _sqrt_psd(s[:, None] * W * s[None, :])
-        v_new = (U * U) @ root_e  # diag(U diag(√e) Uᵀ)
-        change = float(np.max(np.abs(v_new - v) / np.abs(v)))
-        v = v_new
-        if change < tol:
-            converged = True
-            break
-    if not np.all(v > 0):
-        raise FedsimError(
-            "the dense factorization broke down (non-positive multipliers); the workload "
-            "is too ill-conditioned: use fewer rounds or a better-conditioned schedule"
-        )
-    s = np.sqrt(v)
-    root_e, U = _sqrt_psd(s[:, None] * W * s[None, :])
-    X = (U * root_e) @ U.T / np.outer(s, s)
+    if device is None:
+        v, root_e, X, iterations, change, converged = _dense_iterate_numpy(W, tol, int(max_iter))
+    else:
+        v, root_e, X, iterations, change, converged = _dense_iterate_torch(W, tol, int(max_iter), device)
     d = np.sqrt(np.diag(X))
     X = X / np.outer(d, d)
     C = _lower_factor(X)
@@ -466,6 +522,7 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000) -> Factoriz
         "tolerance": tol,
         "max_iter": int(max_iter),
         "max_rel_change": change,
+        "device": "numpy" if device is None else str(device),
         "primal": primal,
         "dual": dual,
         "rel_gap": (primal - dual) / primal,
@@ -674,6 +731,7 @@ def make_factorization(
     tol: float = 1e-10,
     cache: bool = True,
     max_iter: int = 10_000,
+    device: str | None = None,
 ) -> Factorization:
     """Factorize workload ``A`` with the named mechanism.
 
@@ -694,6 +752,10 @@ def make_factorization(
         Memoise ``"dense"`` and ``"dpmf_plus"`` on disk (default ``True``); see :func:`cached`.
     max_iter : int, optional
         Iteration cap of ``"dense"`` / ``"dpmf_plus"`` (default 10 000).
+    device : str or None, optional
+        ``"dense"`` / ``"dpmf_plus"``: torch device for the iteration (``"cuda"`` is the GPU
+        path); default ``None`` = numpy on the CPU. Not part of the cache key: both paths
+        solve the same problem to the same ``tol``.
 
     Returns
     -------
@@ -724,13 +786,13 @@ def make_factorization(
         tau = n if tau is None else int(tau)
 
         def compute() -> Factorization:
-            return dpmf_plus(A, tau=tau, tol=tol, max_iter=max_iter)
+            return dpmf_plus(A, tau=tau, tol=tol, max_iter=max_iter, device=device)
 
         key: dict[str, Any] = {"A": A, "n": n, "tau": tau, "tol": float(tol), "max_iter": max_iter}
     else:
 
         def compute() -> Factorization:
-            return dense(A, tol=tol, max_iter=max_iter)
+            return dense(A, tol=tol, max_iter=max_iter, device=device)
 
         key = {"A": A, "n": n, "tol": float(tol), "max_iter": max_iter}
     if not cache:

@@ -55,7 +55,8 @@ def workload_matrix(name: str, rounds: int, momentum: float = 0.9) -> np.ndarray
 
 
 def _strategy(mechanism: str, A: np.ndarray, scheme: ParticipationScheme, *, bands: int | None,
-              buffers: int, tau: int | None, objective: str, tree_estimator: str) -> tuple[np.ndarray, np.ndarray, dict]:
+              buffers: int, tau: int | None, objective: str, tree_estimator: str,
+              device: str | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     n = A.shape[0]
     k = scheme.max_participations or 1
     b = scheme.min_separation or n
@@ -63,7 +64,7 @@ def _strategy(mechanism: str, A: np.ndarray, scheme: ParticipationScheme, *, ban
         from fedsim.privacy.factorizations import make_factorization
 
         f = make_factorization(mechanism, A, tau=tau if mechanism == "dpmf_plus" else None,
-                               estimator=tree_estimator)
+                               estimator=tree_estimator, device=device)
         return f.C, f.noising_matrix(), dict(f.info)
     if mechanism == "banded":
         from fedsim.privacy.banded import optimize_banded
@@ -96,13 +97,18 @@ def _strategy(mechanism: str, A: np.ndarray, scheme: ParticipationScheme, *, ban
 
 def plan_mf(mechanism: str, scheme: ParticipationScheme, rounds: int, *, workload: str = "prefix",
             momentum: float = 0.9, bands: int | None = None, buffers: int = 4, tau: int | None = None,
-            objective: str = "total", tree_estimator: str = "online") -> MFPlan:
-    """Factorize the run's workload and compute ``sens(C)`` under ``scheme``."""
+            objective: str = "total", tree_estimator: str = "online",
+            factorize_device: str | None = None) -> MFPlan:
+    """Factorize the run's workload and compute ``sens(C)`` under ``scheme``.
+
+    ``factorize_device`` is the torch device of the ``dense``/``dpmf_plus`` optimiser
+    (``"cuda"``: the GPU path); ``None`` (default) runs it in numpy on the CPU.
+    """
     if mechanism not in MF_MECHANISMS:
         raise FedsimError(f"{mechanism!r} is not one of {', '.join(MF_MECHANISMS)}")
     A = workload_matrix(workload, rounds, momentum)
     C, M, info = _strategy(mechanism, A, scheme, bands=bands, buffers=buffers, tau=tau,
-                           objective=objective, tree_estimator=tree_estimator)
+                           objective=objective, tree_estimator=tree_estimator, device=factorize_device)
     amplified = isinstance(scheme, GroupScheme) and scheme.poisson_within_group
     if amplified:
         if C.shape[0] != C.shape[1] or num_bands(C, tol=1e-12) > scheme.min_sep:
