@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -388,7 +389,11 @@ def ablation_arms(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
             s = _summary_or_none(d) or {}
             if s.get("final_eval_accuracy") is not None:
                 finals.append(float(s["final_eval_accuracy"]))
-        label = ", ".join(f"{k.split('.')[-1]}={g['config'].get(k)}" for k in varying) or "all runs"
+        # A sweep that names its runs "<arm>-s<seed>" is labelled by the arm's name; otherwise by
+        # the config keys that differ between arms.
+        stems = {re.sub(r"[-_]s(?:eed)?\d+$", "", d.name) for d in g["runs"]}
+        label = (stems.pop() if len(stems) == 1 and not any(d.name in stems for d in g["runs"]) else
+                 ", ".join(f"{k.split('.')[-1]}={g['config'].get(k)}" for k in varying) or "all runs")
         arms.append({"label": label, "runs": g["runs"], "finals": finals,
                      "mean": float(np.mean(finals)) if finals else None,
                      "std": float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0})

@@ -271,10 +271,22 @@ def test_ablation_groups_runs_by_config_without_seed(tmp_path: Path) -> None:
                                            encoding="utf-8")
             runs.append(r)
     arms = ablation_arms(runs)
-    assert [a["label"] for a in arms] == ["name=ema", "name=none"]
+    assert [a["label"] for a in arms] == ["ema", "none"]  # the run names without "-s<seed>"
     assert arms[0]["mean"] == pytest.approx(0.32) and arms[0]["std"] == pytest.approx(0.02)
     assert arms[1]["mean"] == pytest.approx(0.23) and len(arms[1]["finals"]) == 2
     assert_png(plot_ablation(runs, tmp_path / "ablation.png"))
+
+
+def test_ablation_label_falls_back_to_the_differing_keys(tmp_path: Path) -> None:
+    from fedsim.report import ablation_arms
+
+    runs = []
+    for i, (arm, seed) in enumerate((("ema", 0), ("ema", 1), ("none", 0))):
+        r = make_run(tmp_path, f"run{i}", name=f"run{i}", accuracies={2: 0.2}, final_accuracy=0.2, dp=True)
+        (r / "config.toml").write_text(f'name = "run{i}"\nseed = {seed}\n[filter]\nname = "{arm}"\n',
+                                       encoding="utf-8")
+        runs.append(r)
+    assert [a["label"] for a in ablation_arms(runs)] == ["name=ema", "name=none"]
 
 
 def test_psd_of_filtered_white_noise_has_the_filter_gain(tmp_path: Path) -> None:
