@@ -89,7 +89,7 @@ class _RoundCounter:
 
 def part_b(mode: str, seed: int, rounds: int, n_users: int = 1000, k_bar: int = 50, z: float = 1.0,
            c: float = 0.5, eta: float = 1.0, cp: float = 5.0, server_lr: float = 0.3,
-           c2_factor: float = 1.0) -> tuple[float, float]:
+           c2_factor: float = 1.0) -> tuple[float, float, list[float]]:
     rng = np.random.default_rng(1234)  # the population is the same for every seed
     xi = np.where(rng.random(n_users) < 0.1, 9.0, -1.0)
     spec = AccountingSpec("gaussian", "poisson", n_users, k_bar, z, 1.0 / n_users**1.1)
@@ -100,7 +100,7 @@ def part_b(mode: str, seed: int, rounds: int, n_users: int = 1000, k_bar: int = 
     server = DPServer(torch.tensor([3.0]), GaussianNoise(1, seed + 10_000), make_optimizer("sgd", server_lr),
                       _RoundCounter(), noise_norm, z, k_bar, error_feedback=server_ef)
     states = np.zeros(n_users)
-    late = []
+    late, trajectory = [], []
     for t in range(rounds):
         x = float(server.params[0])
         users = np.array(sampler.sample(t), dtype=int)
@@ -117,9 +117,10 @@ def part_b(mode: str, seed: int, rounds: int, n_users: int = 1000, k_bar: int = 
             if mode == "server":
                 residual = torch.tensor([float((delta - clipped).sum())])
         server.step(torch.tensor([float(u.sum())]), len(users), residual_sum=residual)
+        trajectory.append(float(server.params[0]))
         if t >= rounds * 3 // 4:
             late.append(float(server.params[0]))
-    return float(np.mean(late)), epsilon(spec, rounds)
+    return float(np.mean(late)), epsilon(spec, rounds), trajectory
 
 
 def fixed_points(n_users: int = 1000, c: float = 0.5, eta: float = 1.0, cp: float = 5.0) -> tuple[float, float]:
@@ -134,6 +135,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--plot", type=str, default=None, help="write Part B's x against round (seed 0) to this PNG")
     args = ap.parse_args()
     print("Part A: Huber example (Appendix B.1), full participation, no noise, η = 0.5, 4000 steps")
     print("| C | C' | x* | x̃ = C/C'−1 | clipped GD | client EF | server EF |")
@@ -148,16 +150,39 @@ def main() -> None:
     print(f"x* = {x_star:.4f} (Huber minimiser), x̃ = {x_tilde:.4f} (clipped fixed point)")
     print("| variant | mean x over last quarter (mean ± std over seeds) | |x − x*| | ε (δ = 1/N^1.1) |")
     print("|---|---|---|---|")
+    curves = {}
     for mode, f2 in (("none", 1.0), ("client", 1.0), ("client", 10.0), ("server", 1.0)):
         vals, eps = [], None
         for s in range(args.seeds):
-            v, eps = part_b(mode, s, args.rounds, c2_factor=f2)
+            v, eps, traj = part_b(mode, s, args.rounds, c2_factor=f2)
             vals.append(v)
+            if s == 0:
+                curves[mode if mode != "client" else f"client, c₂ = {f2:g}·c₁"] = traj
         m, sd = statistics.mean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0
         name = {"none": "clipped DP-FedAvg (c = 0.5)",
                 "client": f"client error feedback, c₂ = {f2:g}·c₁ (noise ∝ c₁ + c₂ = {0.5 * (1 + f2):g})",
                 "server": "server error feedback (experimental; noise ∝ √(c₁² + 2c₂²))"}[mode]
         print(f"| {name} | {m:.4f} ± {sd:.4f} | {abs(m - x_star):.4f} | {eps:.3f} |")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        labels = {"none": "clipped DP-FedAvg", "server": "server EF (experimental)"}
+        for key, traj in curves.items():
+            ax.plot(traj, lw=0.8, label=labels[key] if key in labels else f"client EF ({key.split(', ')[1]})")
+        ax.axhline(x_star, color="k", ls="--", lw=1, label=f"x* = {x_star:.3f}")
+        ax.axhline(x_tilde, color="grey", ls=":", lw=1, label=f"x̃ (clipped fixed point) = {x_tilde:.3f}")
+        ax.set_xlabel("round")
+        ax.set_ylabel("x (server model), seed 0")
+        ax.set_ylim(-1.6, 3.2)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+        print(f"wrote {args.plot}")
 
 
 if __name__ == "__main__":
