@@ -8,13 +8,14 @@ Arms (each an experiment TOML in this folder, unchanged except ``privacy.target_
   (``shakespeare_gaussian.toml``);
 - ``blt``: BLT (4 buffers) optimised for the epochs scheme, 28 groups of 30, k = 6
   (``shakespeare_blt.toml`` = the default experiment);
-- ``dense``: the dense single-participation optimum under the same epochs scheme
-  (``shakespeare_dense.toml``);
-- ``banded``: banded MF with 28 bands under ``min_sep`` = 28 (``shakespeare_banded.toml``).
+- ``banded``: banded MF with 28 bands under ``min_sep`` = 28 (``shakespeare_banded.toml``);
+- ``dense`` (not in the default sweep, ``--mechs ... dense`` adds it): the dense
+  single-participation optimum under the same epochs scheme (``shakespeare_dense.toml``).
 
 All: 848 users, 150 rounds, cohort 30, δ = 1/N^1.1, FedAvgM, ``shakespeare_lstm_small``.
 
-Run: ``python experiments/mechanism_grid.py [--eps 2 4 8] [--seeds 3] [--jobs 2] [--out DIR]``.
+Run: ``python experiments/mechanism_grid.py [--eps 2 4 8] [--seeds 3] [--mechs gaussian blt banded]
+[--jobs 2] [--out DIR]``.
 Each arm runs as its own ``fedsim run`` process (in-process engine, one thread), ``--jobs`` at a
 time; an arm whose ``summary.json`` exists is skipped, so an interrupted sweep resumes.
 Writes ``grid.json`` with every final accuracy and ε, and prints the table.
@@ -33,7 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 MECHS = {"gaussian": "shakespeare_gaussian.toml", "blt": "shakespeare_blt.toml",
-         "dense": "shakespeare_dense.toml", "banded": "shakespeare_banded.toml"}
+         "banded": "shakespeare_banded.toml", "dense": "shakespeare_dense.toml"}
 
 
 def one(out: Path, mech: str, eps: float, seed: int) -> dict:
@@ -54,7 +55,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--eps", type=float, nargs="+", default=[8.0, 4.0, 2.0])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--mechs", nargs="+", default=list(MECHS))
+    ap.add_argument("--mechs", nargs="+", default=["gaussian", "blt", "banded"], choices=list(MECHS))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("runs/mechanism_grid"))
     args = ap.parse_args()
