@@ -18,7 +18,8 @@ Run: ``python experiments/mechanism_grid.py [--eps 2 4 8] [--seeds 3] [--mechs g
 [--jobs 2] [--out DIR]``.
 Each arm runs as its own ``fedsim run`` process (in-process engine, one thread), ``--jobs`` at a
 time; an arm whose ``summary.json`` exists is skipped, so an interrupted sweep resumes.
-Writes ``grid.json`` with every final accuracy and ε, and prints the table.
+Writes ``grid.json`` with every final accuracy and ε, and prints the table; ``--table`` prints the
+markdown table of every finished run under ``--out`` (the one in ``experiments/README.md``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,31 @@ def one(out: Path, mech: str, eps: float, seed: int) -> dict:
     return json.loads(summ.read_text())
 
 
+def markdown_table(out: Path) -> str:
+    """The results table of every finished arm under ``out`` (any mechanism, any seeds), checking
+    that each run's ε (its ledger's last entry, copied into ``summary.json``) is the target."""
+    rows: dict[tuple[str, float], dict[int, dict]] = {}
+    for summ in sorted(out.glob("*-eps*-s*/summary.json")):
+        mech, eps, seed = summ.parent.name.rsplit("-", 2)
+        rows.setdefault((mech, float(eps[3:])), {})[int(seed[1:])] = json.loads(summ.read_text())
+    lines = ["| ε | mechanism | z | sens(C) | seed 0 / 1 / 2 | mean ± std | wall time per run |",
+             "|---|---|---|---|---|---|---|"]
+    for e in sorted({e for _, e in rows}):
+        for m in [m for m in MECHS if (m, e) in rows]:
+            r = rows[(m, e)]
+            for s in r.values():
+                if abs(s["epsilon"] - e) > 1e-3:
+                    raise SystemExit(f"{m} ε={e:g}: the run's ε is {s['epsilon']}, not the target")
+            accs = [100 * r[k]["final_eval_accuracy"] for k in sorted(r)]
+            first = r[min(r)]
+            mean = (f"{statistics.mean(accs):.2f} ± {statistics.stdev(accs):.2f} %" if len(accs) > 1
+                    else f"{accs[0]:.2f} % (1 seed)")
+            walls = [r[k]["wall_seconds"] for k in r]
+            lines.append(f"| {e:g} | {m} | {first['noise_multiplier']:.4f} | {first.get('sensitivity') or 1.0:.3f} | "
+                         f"{' / '.join(f'{a:.2f}' for a in accs)} | {mean} | {min(walls):.0f}–{max(walls):.0f} s |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--eps", type=float, nargs="+", default=[8.0, 4.0, 2.0])
@@ -58,7 +84,11 @@ def main() -> None:
     ap.add_argument("--mechs", nargs="+", default=["gaussian", "blt", "banded"], choices=list(MECHS))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("runs/mechanism_grid"))
+    ap.add_argument("--table", action="store_true", help="only print the markdown table of the finished runs")
     args = ap.parse_args()
+    if args.table:
+        print(markdown_table(args.out))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     arms = [(m, e, s) for s in range(args.seeds) for e in args.eps for m in args.mechs]
     with ThreadPoolExecutor(args.jobs) as pool:
