@@ -8,6 +8,10 @@ Workloads (issue 6):
 - ``w1`` — compute-bound: LEAF's character LSTM (``shakespeare_lstm``, ≈ 820k parameters),
   20 users per round × 64 windows of 80 characters, batch 8, one epoch, on the bundled
   Shakespeare users.
+- ``so_lstm`` — the Stack Overflow next-word LSTM shape (``so_nwp_lstm``, V = 10,000,
+  4,053,428 parameters) on generated tokens (``fedsim data synth stackoverflow``: 100 users,
+  about 64 sentences each, 12,000 distinct words, written to a temporary folder), 10 users per
+  round × 64 sentences of 20 tokens, batch 16, one epoch.
 
 Every system trains exactly ``K`` users per round (``sampling.scheme = "fixed"``), so per-round
 times compare the same work. Systems: ``floor`` (one thread, a plain loop: copy the global model, local SGD, clip, sum, add
@@ -48,6 +52,9 @@ WORKLOADS = {
            "client.max_examples=18", "client.lr=0.1"],
     "w1": ["data.name='shakespeare'", "model.name='shakespeare_lstm'", "sampling.cohort_size=20",
            "client.batch_size=8", "client.max_examples=64", "client.lr=1.0"],
+    "so_lstm": ["data.name='stackoverflow_nwp'", "data.root='{so_root}'", "data.vocab_size=10000", "data.seq_len=20",
+                "model.name='so_nwp_lstm'", "sampling.cohort_size=10", "client.batch_size=16",
+                "client.max_examples=64", "client.lr=0.5"],
 }
 COMMON = ["sampling.scheme='fixed'", "privacy.mechanism='gaussian'", "privacy.noise_multiplier=1.0",
           "client.local_epochs=1", "client.clip_norm=1.0", "server.optimizer='sgd'", "server.lr=1.0",
@@ -202,8 +209,14 @@ def main() -> None:
     rounds, reps = (5, 1) if args.quick else (args.rounds, args.reps)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        so_root = Path(tmp) / "so"
+        if "so_lstm" in args.workloads:
+            from fedsim.data.stackoverflow.synthetic import generate
+
+            so_root.mkdir()
+            generate(so_root, users=100, per_user=64.0, vocab=12_000, tags=50, seed=0)
         for wl in args.workloads:
-            base = WORKLOADS[wl] + COMMON + [f"rounds={rounds}"]
+            base = [o.format(so_root=so_root) for o in WORKLOADS[wl]] + COMMON + [f"rounds={rounds}"]
             per: dict[str, list[dict]] = {s: [] for s in args.systems}
             for rep in range(reps):
                 for system in args.systems:
