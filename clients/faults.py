@@ -31,7 +31,7 @@ from fedsim import protocol
 
 FAULT_KINDS = ("nan", "shape", "huge", "error", "users", "dtype", "noarrays", "slow")
 SLOW_ROUND = 1
-SLOW_SECONDS = 28.0
+SLOW_SECONDS = 50.0
 
 
 def _corrupt(reply: Message, kind: str, source: Message) -> Message:
