@@ -18,7 +18,8 @@ Run: ``python experiments/mechanism_grid.py [--eps 2 4 8] [--seeds 3] [--mechs g
 [--jobs 2] [--out DIR]``.
 Each arm runs as its own ``fedsim run`` process (in-process engine, one thread), ``--jobs`` at a
 time; an arm whose ``summary.json`` exists is skipped, so an interrupted sweep resumes.
-Writes ``grid.json`` with every final accuracy and ε, and prints the table; ``--table`` prints the
+Writes ``grid.json`` (this invocation's arms: accuracies, ε, z, wall times) and prints the markdown
+table of every finished run; ``--table`` only prints the
 markdown table of every finished run under ``--out`` (the one in ``experiments/README.md``).
 """
 
@@ -93,21 +94,12 @@ def main() -> None:
     arms = [(m, e, s) for s in range(args.seeds) for e in args.eps for m in args.mechs]
     with ThreadPoolExecutor(args.jobs) as pool:
         summaries = dict(zip(arms, pool.map(lambda a: one(args.out, *a), arms)))
-    results: dict = {}
-    for e in args.eps:
-        for m in args.mechs:
-            rows = [summaries[(m, e, s)] for s in range(args.seeds)]
-            accs = [r["final_eval_accuracy"] for r in rows]
-            results[f"{m}/eps{e:g}"] = {
-                "accuracies": accs, "mean": statistics.mean(accs),
-                "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-                "epsilon": [r["epsilon"] for r in rows], "noise_multiplier": rows[0].get("noise_multiplier"),
-                "seconds": [r.get("seconds") for r in rows]}
-            r = results[f"{m}/eps{e:g}"]
-            print(f"eps {e:<4g} {m:9s} {100 * r['mean']:.2f} ± {100 * r['std']:.2f} %  "
-                  f"({' / '.join(f'{100 * a:.2f}' for a in accs)})  z = {r['noise_multiplier']}", flush=True)
-    (args.out / "grid.json").write_text(json.dumps(results, indent=1))
-
+    results = {f"{m}/eps{e:g}": [summaries[(m, e, s)] for s in range(args.seeds)] for e in args.eps for m in args.mechs}
+    (args.out / "grid.json").write_text(json.dumps(
+        {k: {"accuracies": [r["final_eval_accuracy"] for r in rows], "epsilon": [r["epsilon"] for r in rows],
+             "noise_multiplier": rows[0]["noise_multiplier"], "wall_seconds": [r["wall_seconds"] for r in rows]}
+         for k, rows in results.items()}, indent=1))
+    print(markdown_table(args.out))
 
 if __name__ == "__main__":
     main()
