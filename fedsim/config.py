@@ -124,9 +124,9 @@ class ClientConfig(_Section):
     error_feedback : clipping error feedback (DiceSGD; ALGORITHMS.md section 8): ``none``
         (default), ``client`` (each user keeps its clipping error across participations and
         sends ``clip(Δ, c₁) + clip(e, c₂)``; the noise then scales with ``c₁ + c₂``) or
-        ``server`` (EXPERIMENTAL: the paper's Algorithm 2; residuals reach the server
-        unclipped and ε rests on an unverified theorem; Gaussian noise with Poisson sampling
-        at ``q ≤ 1/5`` only).
+        ``server`` (NO PRIVACY GUARANTEE: the paper's Algorithm 2; residuals reach the server
+        unclipped, so ε = ∞; needs ``privacy.allow_no_guarantee = true``, Gaussian or no noise,
+        simulation only).
     ef_clip_norm : ``c₂``, clip norm of the fed-back error; default ``clip_norm`` (``c₁``);
         must be ``≥ c₁`` (the bias-free fixed point needs it).
     error_feedback_memory_mb : ``client`` error feedback keeps one vector per user; runs whose
@@ -241,6 +241,17 @@ class PrivacyConfig(_Section):
     example_clip_norm : ``unit = "example"``: per-sample gradient clip norm. Default 1.0.
     example_delta : ``unit = "example"``: δ of each silo's guarantee (default
         ``1/n_max^1.1`` with ``n_max`` the largest silo's training-set size).
+    allow_no_guarantee : run a configuration that has no finite ε (today: server-side error
+        feedback, ``client.error_feedback = "server"``) as a non-private research mode; every
+        output then says ε = ∞. Default False (such configurations are refused).
+    publish_side_statistics : write the statistics computed from users' data outside the DP
+        mechanism — realised cohort sizes, accepted/dropped/failed counts, clipped fraction, train
+        loss and examples, evaluation on users' held-out data, the majority baseline, examples per
+        user, per-silo participations — to ``metrics.jsonl``, ``summary.json``, ``ledger.json``, the
+        progress line and the plots. ε does not cover them. ``false`` drops them all (no evaluation
+        is run; the final model is in the checkpoint) so that every published number is a DP
+        output or a configured constant. Default True (research runs), and every output says
+        they are outside ε.
     """
 
     mechanism: Literal["none", "gaussian", "identity", "tree", "sqrt", "dense", "dpmf_plus",
@@ -261,6 +272,8 @@ class PrivacyConfig(_Section):
     example_noise_multiplier: float | None = Field(default=None, gt=0, le=1e3)
     example_clip_norm: float = Field(default=1.0, gt=0)
     example_delta: float | None = Field(default=None, gt=0, lt=1)
+    allow_no_guarantee: bool = False
+    publish_side_statistics: bool = True
 
     @model_validator(mode="after")
     def _factorize_device(self) -> "PrivacyConfig":
@@ -482,9 +495,15 @@ class Config(_Section):
                 f"noise (privacy.mechanism = '{self.privacy.mechanism}'); use client.error_feedback = "
                 "'client' or privacy.mechanism = 'gaussian'"
             )
-        if ef == "server" and self.privacy.mechanism == "gaussian" and self.sampling.scheme != "poisson":
-            raise ValueError("client.error_feedback = 'server' rests on DiceSGD's theorem for Poisson "
-                             "sampling: set sampling.scheme = 'poisson'")
+        if ef == "server" and not self.privacy.allow_no_guarantee:
+            raise ValueError(
+                "client.error_feedback = 'server' has no privacy guarantee (ε = ∞: the unclipped residuals "
+                "reach the releases); use client.error_feedback = 'client' (DP), or set "
+                "privacy.allow_no_guarantee = true to run it as a non-private research mode"
+            )
+        if ef == "server" and self.privacy.target_epsilon is not None:
+            raise ValueError("client.error_feedback = 'server' has no finite ε to calibrate for: replace "
+                             "privacy.target_epsilon with privacy.noise_multiplier")
         if self.clipping.adaptive and self.privacy.mechanism == "none":
             raise ValueError("clipping.adaptive = true needs a DP mechanism (its count is noised with a share "
                              "of the budget); set privacy.mechanism or clipping.adaptive = false")
@@ -498,12 +517,6 @@ class Config(_Section):
         """Checks that need the population ``N``; raise before the run starts."""
         if population < 2:
             raise FedsimError(f"data: the dataset has {population} users; at least 2 are needed")
-        if (self.client.error_feedback == "server" and self.privacy.mechanism == "gaussian"
-                and self.sampling.cohort_size / population > 0.2):
-            raise FedsimError(
-                f"client.error_feedback = 'server': DiceSGD's theorem needs q = K̄/N ≤ 1/5, here "
-                f"{self.sampling.cohort_size}/{population}; lower sampling.cohort_size"
-            )
         if self.sampling.cohort_size > population:
             raise FedsimError(
                 f"sampling.cohort_size = {self.sampling.cohort_size} exceeds the population "

@@ -8,15 +8,18 @@ In simulation the users' ``e_i`` live in a :class:`ClientStateStore` held by the
 trains the user and come back with the reply; the store is checkpointed. Its worst case
 ``N·d`` floats must fit ``client.error_feedback_memory_mb``, checked before the run.
 
-``server`` (paper-faithful Algorithm 2, **experimental**): clients send ``clip(Δ_i, c₁)`` and
-their residual ``Δ_i − clip(Δ_i, c₁)``; the server keeps ``e`` and releases
+``server`` (paper-faithful Algorithm 2, **no privacy guarantee**): clients send ``clip(Δ_i, c₁)``
+and their residual ``Δ_i − clip(Δ_i, c₁)``; the server keeps ``e`` and releases
 ``v_t = (1/K̄)·Σ clip(Δ_i, c₁) + clip(e_t, c₂)`` plus noise, then
 ``e_{t+1} = e_t − clip(e_t, c₂) + (1/K̄)·Σ(Δ_i − clip(Δ_i, c₁))``. The residuals are not
-clipped, so no standard DP argument covers them: the privacy claim rests on the paper's
-Theorem 3.7 (unverified by independent reviewers). fedsim adds noise of std
-``z·√(c₁² + 2c₂²)`` on the sum (the theorem's shape), accounts it as the Gaussian
-mechanism with multiplier ``z``, labels every output with :data:`SERVER_EF_LABEL`, refuses
-it with matrix-factorization noise, and never makes it a default.
+clipped, so one user's unbounded delta reaches the releases through ``e``: a single user with
+``‖Δ‖ = 50`` (``K̄ = 100``, ``c₁ = c₂ = 1``, ``z = 1``, ``q = 0.05``, 200 rounds) shifts them by
+28 noise standard deviations, a lower bound of ε ≥ 496 (``tests/redteam/test_server_ef.py``).
+The paper's Theorem 3.7 does not cover this. fedsim therefore reports **ε = ∞** for such a run
+(the accounting spec's ``no_guarantee`` flag), runs it only with
+``privacy.allow_no_guarantee = true``, refuses it with matrix-factorization noise and in
+deployment, and labels every output with :data:`SERVER_EF_LABEL`. The noise it adds has std
+``z·√(c₁² + 2c₂²)`` on the sum (the theorem's shape), for comparison with the paper only.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from fedsim.errors import FedsimError
 from fedsim.privacy.clipping import clip_vector
 
 #: Label carried by every output of a run with server-side error feedback.
-SERVER_EF_LABEL = ("EXPERIMENTAL: server-side error feedback (DiceSGD Algorithm 2). The residuals "
-                   "Δ_i − clip(Δ_i, c₁) reach the server unclipped; the printed ε assumes the paper's "
-                   "Theorem 3.7 (noise ∝ √(c₁² + 2c₂²)), which independent reviewers could not verify.")
+SERVER_EF_LABEL = ("NO PRIVACY GUARANTEE (ε = ∞): server-side error feedback (DiceSGD Algorithm 2) feeds the "
+                   "unclipped residuals Δ_i − clip(Δ_i, c₁) back into the releases, so one user's data can "
+                   "move them without bound. A non-private research mode "
+                   "(privacy.allow_no_guarantee = true); use client.error_feedback = 'client' for DP.")
 
 
 def client_ef_update(delta: torch.Tensor, e: torch.Tensor, c1: float,

@@ -148,13 +148,18 @@ class SiloLedger:
     def max_epsilon(self) -> float:
         return max(self.epsilons.values(), default=0.0)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"unit": "example", "accountant": "opacus.accountants.RDPAccountant",
-                "noise_multiplier": self.dp.noise_multiplier, "clip_norm": self.dp.clip_norm,
-                "delta": self.delta, "max_silo_epsilon": self.max_epsilon,
-                "silos": {str(s): {"participations": k, "steps_per_participation": self.steps_rate[s][0],
-                                   "sample_rate": self.steps_rate[s][1], "epsilon": self.epsilons[s]}
-                          for s, k in sorted(self.participations.items())}}
+    def to_json(self, per_silo: bool = True) -> dict[str, Any]:
+        """The example-level record; ``per_silo = False`` leaves out each silo's participations
+        and ε (they reveal which silos were sampled: a side statistic outside the user-level ε)."""
+        out: dict[str, Any] = {"unit": "example", "accountant": "opacus.accountants.RDPAccountant",
+                               "noise_multiplier": self.dp.noise_multiplier, "clip_norm": self.dp.clip_norm,
+                               "delta": self.delta}
+        if per_silo:
+            out["max_silo_epsilon"] = self.max_epsilon
+            out["silos"] = {str(s): {"participations": k, "steps_per_participation": self.steps_rate[s][0],
+                                     "sample_rate": self.steps_rate[s][1], "epsilon": self.epsilons[s]}
+                            for s, k in sorted(self.participations.items())}
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"participations": dict(self.participations), "epsilons": dict(self.epsilons)}

@@ -9,6 +9,30 @@ from pathlib import Path
 from typing import Any, TextIO
 
 
+#: Per-round metrics computed from users' data outside the DP mechanism: ε does not cover them.
+SIDE_STATISTICS = ("train_loss", "cohort_size", "accepted_updates", "dropped_updates", "dropped_replies",
+                   "drop_reasons", "server_reclipped", "clipped_fraction", "train_examples", "failed_users",
+                   "nonfinite_users", "example_epsilon_max")
+
+#: What every output says about them.
+SIDE_STATISTICS_NOTE = ("side statistics (realised cohort sizes, accepted/dropped counts, clipped fraction, "
+                        "train loss, evaluation on users' held-out data) are computed from users' data outside "
+                        "the DP mechanism and are not covered by ε; privacy.publish_side_statistics = false "
+                        "drops them")
+
+
+def is_side_statistic(key: str) -> bool:
+    """Whether metrics key ``key`` is a side statistic (:data:`SIDE_STATISTICS` or ``eval_*``)."""
+    return key in SIDE_STATISTICS or key.startswith("eval_")
+
+
+def public_row(row: dict[str, Any], publish_side_statistics: bool) -> dict[str, Any]:
+    """The metrics row as published: unchanged, or without its side statistics."""
+    if publish_side_statistics:
+        return row
+    return {k: v for k, v in row.items() if not is_side_statistic(k)}
+
+
 def _jsonable(x: Any) -> Any:
     if isinstance(x, float) and math.isinf(x):
         return "inf"
@@ -60,10 +84,10 @@ class ProgressLine:
         if row.get("eval_accuracy") is not None:
             self.last_acc = row["eval_accuracy"]
         acc = None if self.last_acc is None else 100 * self.last_acc
-        text = (f"round {row['round']:>{len(str(self.total))}}/{self.total}  "
-                f"train loss {_fmt(row.get('train_loss'), '.4f')}  "
-                f"eval acc {_fmt(acc, '.2f')}%  ε {_fmt(row.get('epsilon'), '.3f')}  "
-                f"({row.get('seconds', 0):.1f} s)")
+        stats = ("" if "train_loss" not in row else
+                 f"train loss {_fmt(row.get('train_loss'), '.4f')}  eval acc {_fmt(acc, '.2f')}%  ")
+        text = (f"round {row['round']:>{len(str(self.total))}}/{self.total}  {stats}"
+                f"ε {_fmt(row.get('epsilon'), '.3f')}  ({row.get('seconds', 0):.1f} s)")
         if self.tty:
             self.stream.write("\r\033[K" + text)
             if row["round"] >= self.total:

@@ -33,7 +33,7 @@ from fedsim.checkpoint import save_checkpoint
 from fedsim.config import Config
 from fedsim.data import DataSpec, FederatedData, load_federated
 from fedsim.errors import FedsimError
-from fedsim.metrics import MetricsWriter, ProgressLine
+from fedsim.metrics import SIDE_STATISTICS_NOTE, MetricsWriter, ProgressLine, public_row
 from fedsim.models import make_model, num_parameters
 from fedsim.optim import make_optimizer
 from fedsim.privacy.accounting import AccountingSpec, calibrate_noise_multiplier, default_delta, epsilon
@@ -65,7 +65,8 @@ def resolve_privacy(cfg: Config, population: int) -> AccountingSpec:
     spec = AccountingSpec(mechanism=p.mechanism, scheme=cfg.sampling.scheme, population=population,
                           cohort_size=cfg.sampling.cohort_size, noise_multiplier=p.noise_multiplier or 0.0,
                           delta=delta, accountant=p.accountant,
-                          min_sep=scheme.min_separation or 1, amplified=amplified)
+                          min_sep=scheme.min_separation or 1, amplified=amplified,
+                          no_guarantee=cfg.client.error_feedback == "server")
     if p.mechanism != "none" and p.target_epsilon is not None:
         z = calibrate_noise_multiplier(spec, cfg.rounds, p.target_epsilon)
         spec = replace(spec, noise_multiplier=z)
@@ -406,8 +407,9 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         from fedsim.error_feedback import SERVER_EF_LABEL
 
         notes.append(SERVER_EF_LABEL)
+    publish = cfg.privacy.publish_side_statistics
     ledger = Ledger(spec, cfg.rounds, budget_split=prep.budget_split, notes=notes,
-                    account_every=cfg.privacy.account_every)
+                    account_every=cfg.privacy.account_every, side_statistics=publish)
     example_dp = None
     if cfg.privacy.unit == "example":
         from fedsim.example_dp import ExampleDP, SiloLedger, steps_and_rate
@@ -448,13 +450,15 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     pop = data.population
     if synthetic is not None:
         synthetic.bind(first_id=pop, dim=prep.num_params)
-    if cfg.eval.max_users is not None and cfg.eval.max_users < pop:
+    if not publish:  # evaluation on users' held-out data is a side statistic: none is computed
+        eval_users: list[int] = []
+    elif cfg.eval.max_users is not None and cfg.eval.max_users < pop:
         rng = np.random.default_rng(derive_seed(cfg.seed, "eval-users"))
         eval_users = sorted(rng.choice(pop, size=cfg.eval.max_users, replace=False).tolist())
     else:
         eval_users = list(range(pop))
     eval_costs = np.array([min(data.num_test(u), cfg.eval.max_examples_per_user) for u in range(pop)])
-    majority = data.majority_baseline(eval_users, cfg.eval.max_examples_per_user)
+    majority = data.majority_baseline(eval_users, cfg.eval.max_examples_per_user) if eval_users else None
     baseline = None if majority is None else majority[1]
 
     state: dict[str, Any] = {"last_eval": None, "last_eval_metrics": None}
@@ -485,7 +489,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         os.replace(tmp, out / "ledger.json")
 
     def on_round_end(row: dict[str, Any], strategy: Any) -> None:
-        writer.write(row)
+        writer.write(public_row(row, publish))
         if row.get("eval_accuracy") is not None:
             state["last_eval"] = row["eval_accuracy"]
             state["last_eval_metrics"] = eval_metrics(row)
@@ -500,7 +504,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
                 "config": resolved.model_dump(mode="json"),
             })
             write_ledger()
-        line.update(row)
+        line.update(public_row(row, publish))
 
     from strategies.server_app import make_server_app
     from strategies.user_dp import UserLevelDPStrategy
@@ -540,6 +544,9 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
               f" → {out}", flush=True)
         for note in notes:
             print(f"fedsim: {note}", flush=True)
+        print(f"fedsim: note: {SIDE_STATISTICS_NOTE}" if publish else
+              "fedsim: side statistics are not published (privacy.publish_side_statistics = false); "
+              "no evaluation runs", flush=True)
     try:
         if deployment is not None:
             strategy.run(deployment.grid)
@@ -594,7 +601,15 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         "engine": "deployment" if deployment is not None else engine,
         "vectorized": task.vectorize,
         "device": str(device),
+        "guarantee": "none: epsilon = inf" if spec.no_guarantee else (
+            "none: no noise" if spec.mechanism == "none" else "user-level (ε, δ)-DP of every released model"),
+        "side_statistics": {"published": publish, "covered_by_epsilon": False,
+                            "note": SIDE_STATISTICS_NOTE if publish else "not published"},
     }
+    if not publish:  # computed from users' data outside the DP mechanism
+        for key in ("final_eval_accuracy", "final_eval_metrics", "majority_baseline_accuracy",
+                    "example_epsilon_max", "examples_per_user"):
+            summary[key] = None
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     try:
         from fedsim.report import plot_run

@@ -64,6 +64,9 @@ def parse_run_config(run_config: dict[str, Any], app_dir: Path | None = None) ->
         raise FedsimError(f"run config: unknown key(s) {unknown}; allowed are {sorted(known)}")
     overrides = [item.strip() for item in str(run_config.get("set", "")).split(";") if item.strip()]
     cfg = load_config(_resolve(str(run_config.get("config", DEFAULT_CONFIG)), app_dir), overrides)
+    if cfg.client.error_feedback == "server":
+        raise FedsimError("client.error_feedback = 'server' has no privacy guarantee (ε = ∞) and is refused in "
+                          "deployment; use client.error_feedback = 'none' or 'client'")
     if cfg.client.error_feedback == "client":
         raise FedsimError("client.error_feedback = 'client' keeps every user's error state in the simulator; "
                           "it is not available in deployment")

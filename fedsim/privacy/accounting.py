@@ -69,6 +69,8 @@ class AccountingSpec:
     min_sep : ``b`` of a group scheme (amplified banded MF composes ``⌈t/b⌉`` times).
     amplified : Poisson thinning inside ``min_sep`` groups with a ≤ ``b``-banded ``C``;
         ``sampling_rate`` is then ``p = K̄/⌊N/b⌋``.
+    no_guarantee : the run releases something no DP argument bounds (server-side error
+        feedback feeds unclipped residuals into the releases): ε is ∞ whatever the noise.
     """
 
     mechanism: str
@@ -80,6 +82,7 @@ class AccountingSpec:
     accountant: str = "pld"
     min_sep: int = 1
     amplified: bool = False
+    no_guarantee: bool = False
 
     def __post_init__(self) -> None:
         if self.mechanism in MF_MECHANISMS and self.scheme not in MF_SCHEMES:
@@ -111,7 +114,7 @@ class AccountingSpec:
     @property
     def effective_accountant(self) -> str:
         """The accountant actually used (``fixed`` sampling needs RDP)."""
-        if self.mechanism == "none":
+        if self.mechanism == "none" or self.no_guarantee:
             return "none"
         return "rdp" if self.scheme == "fixed" else self.accountant
 
@@ -127,7 +130,7 @@ class AccountingSpec:
 
     def round_event(self) -> dp_event.DpEvent:
         """The DP event that is self-composed (see :meth:`compositions`)."""
-        if self.mechanism == "none":
+        if self.mechanism == "none" or self.no_guarantee:
             return dp_event.NonPrivateDpEvent()
         if self.is_mf:
             g = dp_event.GaussianDpEvent(self.noise_multiplier)
@@ -154,6 +157,9 @@ class AccountingSpec:
 
     def describe_events(self) -> str:
         """Human-readable account of how ε is computed."""
+        if self.no_guarantee:
+            return ("NonPrivateDpEvent (no guarantee: server-side error feedback releases unclipped "
+                    "residuals, epsilon = inf)")
         if self.mechanism == "none":
             return "NonPrivateDpEvent (no noise: epsilon = inf)"
         if self.is_mf and not self.amplified:
@@ -183,7 +189,7 @@ def epsilon(spec: AccountingSpec, rounds: int) -> float:
     """ε at ``spec.delta`` after ``rounds`` rounds, straight from a dp-accounting accountant."""
     if rounds <= 0:
         return 0.0
-    if spec.mechanism == "none":
+    if spec.mechanism == "none" or spec.no_guarantee:
         return math.inf
     acc = spec.make_accountant()
     acc.compose(spec.run_event(rounds))
@@ -227,6 +233,9 @@ def calibrate_noise_multiplier(spec: AccountingSpec, rounds: int, target_epsilon
     ``rounds`` rounds is at most ``target_epsilon``; ``spec.noise_multiplier`` is ignored."""
     if spec.mechanism == "none":
         raise FedsimError("privacy.target_epsilon needs a DP mechanism, not 'none'")
+    if spec.no_guarantee:
+        raise FedsimError("this configuration has no finite ε to calibrate for (no guarantee); "
+                          "set privacy.noise_multiplier instead of privacy.target_epsilon")
     if target_epsilon <= 0:
         raise FedsimError("privacy.target_epsilon must be > 0")
 

@@ -35,8 +35,11 @@ class Ledger:
 
     def __init__(self, spec: AccountingSpec, planned_rounds: int,
                  budget_split: dict[str, Any] | None = None, notes: list[str] | None = None,
-                 account_every: int = 1) -> None:
+                 account_every: int = 1, side_statistics: bool = True) -> None:
         self.spec = spec
+        #: record the realised cohort size per round and each silo's participations (side
+        #: statistics, outside ε); False keeps only what recomputes ε.
+        self.side_statistics = bool(side_statistics)
         #: ε is computed after rounds ``t`` with ``t % account_every == 0`` and after the last
         #: planned round; other entries carry ``epsilon: None``.
         self.account_every = int(account_every)
@@ -75,10 +78,12 @@ class Ledger:
         t = round_index + 1
         due = t % self.account_every == 0 or t >= self.planned_rounds
         eps = self._curve(t) if due else None
-        entry: dict[str, Any] = {"round": round_index + 1, "epsilon": eps, "cohort": int(realized_cohort)}
+        entry: dict[str, Any] = {"round": round_index + 1, "epsilon": eps}
+        if self.side_statistics:
+            entry["cohort"] = int(realized_cohort)
         if self.budget_split is not None and clip_norm is not None:
             entry["clip_norm"] = float(clip_norm)
-        if self.silo is not None:
+        if self.silo is not None and self.side_statistics:
             entry["example_epsilon_max"] = self.silo.max_epsilon
         self.entries.append(entry)
         return eps
@@ -92,7 +97,7 @@ class Ledger:
             "composition": self.spec.describe_events(),
             "budget_split": self.budget_split,
             "notes": self.notes,
-            "example_level": None if self.silo is None else self.silo.to_json(),
+            "example_level": None if self.silo is None else self.silo.to_json(per_silo=self.side_statistics),
             "entries": [dict(e, epsilon=_json_float(e["epsilon"])) for e in self.entries],
         }
 
