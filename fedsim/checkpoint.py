@@ -1,7 +1,9 @@
 """Atomic checkpoints: write to a temporary file in the same folder, then rename.
 
 A kill during the write leaves the previous checkpoint intact. A checkpoint is
-the union of every stateful piece's ``state_dict()`` plus the round counter.
+the union of every stateful piece's ``state_dict()`` plus the round counter. It holds the
+privacy key (in deployment a secret from the OS) and the noise state, so the file is created
+owner-only (0600) in an owner-only folder (0700), and must be protected like a key.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ CHECKPOINT_NAME = "checkpoint.pt"
 def save_checkpoint(folder: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` to ``folder/checkpoint.pt`` atomically; return the path."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)  # the checkpoint holds the privacy key and the noise state
     target = folder / CHECKPOINT_NAME
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", dir=folder)  # created 0600
     try:
+        os.fchmod(fd, 0o600)
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
             f.flush()

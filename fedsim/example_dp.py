@@ -2,10 +2,17 @@
 
 For cross-silo federations where each node (a "user" in fedsim's vocabulary) holds many
 people's records: each silo trains its local update with DP-SGD from Opacus — Poisson
-sampled batches (``DPDataLoader``, rate ``q = 1/⌈n_i/B⌉``), per-sample clipping to
+sampled batches (rate ``q = 1/⌈n_i/B⌉``, as Opacus's ``DPDataLoader``), per-sample clipping to
 ``example_clip_norm`` and Gaussian noise of multiplier ``example_noise_multiplier``
-(``DPOptimizer``), per-sample gradients of the LSTM through Opacus's ``DPLSTM``. Both
-random streams are seeded from ``(seed, round, user)`` so runs are reproducible.
+(Opacus's ``DPOptimizer`` with the noise of :class:`KeyedDPOptimizer`), per-sample gradients of
+the LSTM through Opacus's ``DPLSTM``.
+
+Randomness: both DP streams — the Poisson batch coins and the DP-SGD noise — come from the keyed
+CSPRNG of :mod:`fedsim.privacy.rng` under the silo's own key, :func:`silo_key`: 256 bits drawn from
+the OS once per silo process, never written anywhere and never sent (not in the task, not in any
+message). Nobody outside the silo, the server included, can regenerate the noise from anything
+public. The price: example-level runs are not bit-reproducible from the config seed, and a resumed
+run continues with fresh silo keys.
 
 The silo's own guarantee is computed with Opacus's RDP accountant over all of the silo's
 participations: ``k_i`` participations × ``epochs·⌈n_i/B⌉`` steps at rate ``q_i``. The
@@ -27,7 +34,55 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsim.privacy.rng import PrivacyKey, gaussians, uniforms
 from fedsim.seeding import make_generator
+
+_SILO_KEY: PrivacyKey | None = None
+
+
+def silo_key() -> PrivacyKey:
+    """This silo process's secret key for example-level DP (drawn from the OS on first use; it
+    lives only in this process's memory)."""
+    global _SILO_KEY
+    if _SILO_KEY is None:
+        _SILO_KEY = PrivacyKey.generate()
+    return _SILO_KEY
+
+
+def _keyed_optimizer_class() -> type:
+    from opacus.optimizers import DPOptimizer
+
+    class KeyedDPOptimizer(DPOptimizer):
+        """Opacus's ``DPOptimizer`` with the Gaussian noise drawn from the keyed CSPRNG: step ``s``,
+        parameter ``j`` gets ``σ·C·ξ`` with ``ξ = gaussians(key.derive(s, j))`` (float64 Box–Muller,
+        cast to the parameter's dtype) — the same std as Opacus's own ``add_noise``."""
+
+        def __init__(self, *args: Any, key: PrivacyKey, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._key = key
+            self._noise_step = 0
+
+        def add_noise(self) -> None:
+            from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
+
+            std = self.noise_multiplier * self.max_grad_norm
+            for j, p in enumerate(self.params):
+                _check_processed_flag(p.summed_grad)
+                ref = p.summed_grad
+                noise = gaussians(self._key.derive("noise", self._noise_step, j), ref.numel(),
+                                  dtype=ref.dtype, device=ref.device).view_as(ref)
+                p.grad = (ref + noise.mul_(std)).view_as(p)
+                _mark_as_processed(p.summed_grad)
+            self._noise_step += 1
+
+    return KeyedDPOptimizer
+
+
+def poisson_batches(n: int, rate: float, steps: int, key: PrivacyKey) -> list[np.ndarray]:
+    """Opacus's Poisson batches for ``steps`` steps over ``n`` examples: each example joins step
+    ``s`` independently with probability ``rate``, from the keyed CSPRNG (``key.derive(s)``).
+    Empty batches are kept (they still take a noise-only step)."""
+    return [np.flatnonzero(uniforms(key.derive("batch", s), n).numpy() < rate) for s in range(steps)]
 
 
 @dataclass(frozen=True)
@@ -65,17 +120,17 @@ def silo_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta:
 def local_delta_example_dp(model: nn.Module, x0: torch.Tensor, samples: tuple[torch.Tensor, torch.Tensor],
                            round_index: int, user: int, seed: int, lr: float, batch_size: int, epochs: int,
                            dp: ExampleDP, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-                           = nn.functional.cross_entropy) -> tuple[torch.Tensor, float, int]:
+                           = nn.functional.cross_entropy, key: PrivacyKey | None = None
+                           ) -> tuple[torch.Tensor, float, int]:
     """One silo's DP-SGD local training from ``x0``; returns ``(Δ, mean loss, examples seen)``.
 
     ``model`` must be built with ``dp_layers=True``; its parameters are overwritten. ``loss_fn``:
     the batch loss, a mean over examples of per-example losses (what Opacus's ``mean``
-    reduction assumes). Default: cross-entropy.
+    reduction assumes). Default: cross-entropy. ``seed`` is public and drives no DP draw;
+    ``key`` is the silo's key (default :func:`silo_key`), from which this round's and user's batch
+    coins and noise are derived.
     """
     from opacus import GradSampleModule
-    from opacus.data_loader import DPDataLoader
-    from opacus.optimizers import DPOptimizer
-    from torch.utils.data import DataLoader, TensorDataset
 
     from fedsim.training import load_flat_
 
@@ -85,20 +140,20 @@ def local_delta_example_dp(model: nn.Module, x0: torch.Tensor, samples: tuple[to
     load_flat_(params, x0)
     model.train()
     X, Y = samples
-    loader = DataLoader(TensorDataset(X, Y), batch_size=batch_size)
+    k = (key if key is not None else silo_key()).derive("example-dp", int(round_index), int(user))
+    steps_per_epoch, rate = steps_and_rate(len(Y), batch_size, 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus warns about secure_mode and hooks
         gsm = GradSampleModule(model)
-        dp_loader = DPDataLoader.from_data_loader(
-            loader, generator=make_generator(seed, "example-dp-batches", int(round_index), int(user)))
-        opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=lr), noise_multiplier=dp.noise_multiplier,
-                          max_grad_norm=dp.clip_norm, expected_batch_size=batch_size,
-                          generator=make_generator(seed, "example-dp-noise", int(round_index), int(user),
-                                                   device=dev))
+        opt = _keyed_optimizer_class()(torch.optim.SGD(gsm.parameters(), lr=lr),
+                                       noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip_norm,
+                                       expected_batch_size=batch_size, key=k.derive("noise"))
         loss_sum, steps, seen = 0.0, 0, 0
         try:
-            for _ in range(epochs):
-                for xb, yb in dp_loader:
+            for epoch in range(epochs):
+                for idx in poisson_batches(len(Y), rate, steps_per_epoch, k.derive("batches", epoch)):
+                    sel = torch.from_numpy(idx)
+                    xb, yb = X[sel], Y[sel]
                     xb, yb = xb.to(dev), yb.to(dev)
                     opt.zero_grad()
                     out = gsm(xb)

@@ -40,6 +40,7 @@ from fedsim.privacy.accounting import AccountingSpec, calibrate_noise_multiplier
 from fedsim.privacy.ledger import Ledger
 from fedsim.privacy.mechanisms import MFPlan, make_noise, plan_mf
 from fedsim.privacy.participation import GroupScheme, ParticipationScheme, make_scheme
+from fedsim.privacy.rng import PrivacyKey
 from fedsim.sampling import make_sampler
 from fedsim.seeding import derive_seed
 from fedsim.server import DPServer
@@ -370,11 +371,11 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     device = _device(cfg)
     n_workers = num_workers(cfg) if deployment is None else deployment.min_nodes
     engine = resolve_engine(cfg, n_workers)
-    # The seed of everything privacy rests on (noise, cohort sampling, the clip count's noise):
-    # the config's seed in simulation (reproducible studies), a secret from the OS CSPRNG in
-    # deployment.
-    privacy_seed = cfg.seed if deployment is None else deployment.secret_seed
-    noise = make_noise(spec.mechanism, prep.num_params, derive_seed(privacy_seed, "noise-base"), device, prep.plan)
+    # The key of everything privacy rests on (noise, cohort sampling, the clip count's noise):
+    # derived from the config's seed in simulation (reproducible studies, not secret), 256 bits
+    # from the OS CSPRNG in deployment (never logged, written to the config or sent).
+    privacy_key = PrivacyKey.from_seed(cfg.seed) if deployment is None else deployment.privacy_key
+    noise = make_noise(spec.mechanism, prep.num_params, privacy_key.derive("noise"), device, prep.plan)
     z_eff = prep.update_noise_multiplier
     filt = make_server_filter(cfg)
     clip_ctl = None
@@ -397,7 +398,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
 
         clip_ctl = AdaptiveClip(cfg.client.clip_norm, cfg.clipping.target_quantile, cfg.clipping.lr,
                                 prep.budget_split["count_stddev"], cfg.sampling.cohort_size,
-                                derive_seed(privacy_seed, "clip-count"))
+                                privacy_key.derive("clip-count"))
 
         def noise_std(tau: int, _c=clip_ctl, _s=z_eff * noise.sensitivity) -> float:
             return (_c.history + [_c.clip_norm])[tau] * _s
@@ -423,7 +424,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     server = DPServer(prep.x0.to(device), noise, optimizer, ledger, server_clip,
                       z_eff, cfg.sampling.cohort_size, filter=filt, clip_controller=clip_ctl,
                       error_feedback=server_ef)
-    sampler = make_sampler(prep.scheme, derive_seed(privacy_seed, "sampler-base"))
+    sampler = make_sampler(prep.scheme, privacy_key.derive("sampling"))
     if cfg.filter.trace_coordinates:
         server.enable_trace(cfg.filter.trace_coordinates, derive_seed(cfg.seed, "filter-trace"))
 

@@ -13,8 +13,8 @@ overridable with ``flwr run --run-config``). fedsim reads these keys:
 - ``census-timeout`` — seconds to wait for every node's census answer. Default 600.
 
 The run folder, ledger and metrics are the same as in simulation. Differences, on purpose:
-the seed of the noise, the cohort sampler and the clip count's noise comes from the OS
-CSPRNG (``secrets``) and is never logged or written to the config; the config's ``seed``
+the 256-bit key of the noise, the cohort sampler and the clip count's noise comes from the OS
+CSPRNG (``secrets``) and is never logged, written to the config or sent to a node; the config's ``seed``
 still fixes the model initialisation and the clients' data order. Individual client updates
 are never logged or persisted. Client-side error feedback is refused (its per-user state is
 held by the simulator).
@@ -22,7 +22,6 @@ held by the simulator).
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,6 +30,7 @@ from typing import Any
 
 from fedsim.config import Config, load_config
 from fedsim.errors import FedsimError
+from fedsim.privacy.rng import PrivacyKey
 
 DEFAULT_CONFIG = "experiments/shakespeare_default.toml"
 
@@ -43,7 +43,8 @@ class Deployment:
     data: Any
     owners: dict[int, tuple[int, int]]
     min_nodes: int
-    secret_seed: int
+    #: the root of every privacy stream, from the OS CSPRNG; never logged or sent.
+    privacy_key: PrivacyKey
 
 
 def _resolve(path: str, app_dir: Path | None) -> Path:
@@ -97,5 +98,5 @@ def run_deployment(grid: Any, run_config: dict[str, Any], app_dir: Path | None =
                               f"connected within {timeout:.0f} s")
         time.sleep(0.2)
     data, owners = merge_census(census(grid, DataSpec.from_config(cfg.data).to_json(), timeout))
-    deployment = Deployment(grid, data, owners, min_nodes, secrets.randbits(63))
+    deployment = Deployment(grid, data, owners, min_nodes, PrivacyKey.generate())
     return run_experiment(cfg, out_dir, progress=True, deployment=deployment)

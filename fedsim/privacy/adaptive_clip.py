@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from fedsim.errors import FedsimError
-from fedsim.seeding import make_generator
+from fedsim.privacy.rng import PrivacyKey, gaussians
 
 
 def update_noise_multiplier(z: float, count_stddev: float, participations: int = 1) -> float:
@@ -80,26 +80,27 @@ class AdaptiveClip:
     lr : ``η_c``, the geometric step size. Default 0.2.
     count_stddev : ``σ_b``, noise std on the centred count (users).
     expected_cohort : ``K̄``.
-    seed : seed of the count noise (one draw per round from ``(seed, "clip-count", t)``).
+    seed : the count noise's :class:`~fedsim.privacy.rng.PrivacyKey` (or an int config seed); one
+        draw per round ``t`` from its sub-key ``("count", t)``.
     """
 
     def __init__(self, initial: float, target_quantile: float, lr: float, count_stddev: float,
-                 expected_cohort: int, seed: int) -> None:
+                 expected_cohort: float, seed: PrivacyKey | int) -> None:
         if not 0 < target_quantile < 1:
             raise FedsimError("clipping.target_quantile must be in (0, 1)")
         self.clip_norm = float(initial)
         self.target_quantile = float(target_quantile)
         self.lr = float(lr)
         self.count_stddev = float(count_stddev)
-        self.expected_cohort = int(expected_cohort)
-        self.seed = int(seed)
+        self.expected_cohort = float(expected_cohort)
+        self.key = PrivacyKey.of(seed)
         self.history: list[float] = []  # c_0 .. c_{t} of the rounds run so far
         self.last_fraction: float | None = None
 
     def count_noise(self, t: int) -> float:
-        """The count noise ``N(0, σ_b²)`` of round ``t`` (a pure function of (seed, t))."""
-        g = make_generator(self.seed, "clip-count", int(t))
-        return self.count_stddev * float(torch.randn(1, generator=g, dtype=torch.float64))
+        """The count noise ``N(0, σ_b²)`` of round ``t``: a pure function of (key, t), from the
+        keyed CSPRNG (:func:`fedsim.privacy.rng.gaussians`, float64)."""
+        return self.count_stddev * float(gaussians(self.key.derive("count", int(t)), 1, dtype=torch.float64)[0])
 
     def step(self, centred_count: float, t: int) -> float:
         """Finish round ``t`` with ``Σ(b_i − ½)`` over the accepted users; return ``c_{t+1}``."""
@@ -110,11 +111,11 @@ class AdaptiveClip:
         return self.clip_norm
 
     def state_dict(self) -> dict[str, Any]:
-        return {"clip_norm": self.clip_norm, "history": list(self.history), "seed": self.seed,
+        return {"clip_norm": self.clip_norm, "history": list(self.history), "key": self.key.state_dict(),
                 "last_fraction": self.last_fraction}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.clip_norm = float(state["clip_norm"])
         self.history = [float(c) for c in state["history"]]
-        self.seed = int(state["seed"])
+        self.key = PrivacyKey.from_state_dict(state["key"])
         self.last_fraction = state.get("last_fraction")

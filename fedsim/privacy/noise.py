@@ -5,10 +5,12 @@ The server adds ``c · z · sensitivity · row(t)`` to the summed clipped update
 and ``sensitivity = 1``; correlated (matrix-factorization) mechanisms return row
 ``t`` of ``C⁻¹Z`` and their ``sens(C)``.
 
-Randomness: ``ξ_t`` comes from a ``torch.Generator`` seeded with
-``derive_seed(seed, "noise", t)``, so row ``t`` is a pure function of the seed and
-``t`` (bit-reproducible after a resume, independent of the rows drawn before).
-In deployment mode the seed comes from the OS CSPRNG and is never logged.
+Randomness: ``ξ_t`` is ``rng.gaussians(key.derive(t), d)``: AES-256-CTR under a 256-bit
+sub-key of the run's :class:`~fedsim.privacy.rng.PrivacyKey`, turned into normals in float64 and
+cast to float32. Row ``t`` is a pure function of the key and ``t`` (bit-reproducible after a
+resume, independent of the rows drawn before), and nobody without the key can predict it. The
+key is derived from the config seed in simulation and drawn from the OS in deployment. Rows are
+generated on the CPU and moved to the server's device, so a GPU run adds the same numbers.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 
 from fedsim.errors import FedsimError
-from fedsim.seeding import make_generator
+from fedsim.privacy.rng import PrivacyKey, gaussians
 
 
 class NoiseMechanism(ABC):
@@ -28,15 +30,16 @@ class NoiseMechanism(ABC):
     Parameters
     ----------
     dim : ``d``, length of the flat parameter vector.
-    seed : base seed of the noise stream.
-    device : where rows are generated (the server's device).
+    seed : the noise stream's :class:`~fedsim.privacy.rng.PrivacyKey` (an int is taken as a
+        config seed: ``PrivacyKey.from_seed``); kept as ``self.key``.
+    device : where rows are used (the server's device).
     """
 
     name: str = "base"
 
-    def __init__(self, dim: int, seed: int, device: str | torch.device = "cpu") -> None:
+    def __init__(self, dim: int, seed: PrivacyKey | int, device: str | torch.device = "cpu") -> None:
         self.dim = int(dim)
-        self.seed = int(seed)
+        self.key = PrivacyKey.of(seed)
         self.device = torch.device(device)
 
     @property
@@ -53,7 +56,7 @@ class NoiseMechanism(ABC):
         return 1.0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dim": self.dim, "seed": self.seed}
+        return {"name": self.name, "dim": self.dim, "key": self.key.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name or int(state.get("dim", -1)) != self.dim:
@@ -61,7 +64,7 @@ class NoiseMechanism(ABC):
                 f"checkpoint noise state is for {state.get('name')} with dim {state.get('dim')}, "
                 f"but this run uses {self.name} with dim {self.dim}"
             )
-        self.seed = int(state["seed"])
+        self.key = PrivacyKey.from_state_dict(state["key"])
 
 
 class GaussianNoise(NoiseMechanism):
@@ -70,8 +73,7 @@ class GaussianNoise(NoiseMechanism):
     name = "gaussian"
 
     def row(self, t: int) -> torch.Tensor:
-        g = make_generator(self.seed, "noise", int(t), device=self.device)
-        return torch.randn(self.dim, generator=g, device=self.device, dtype=torch.float32)
+        return _xi(self.key, t, self.dim, self.device)
 
 
 class ZeroNoise(NoiseMechanism):
@@ -86,10 +88,9 @@ class ZeroNoise(NoiseMechanism):
         return 0.0
 
 
-def _xi(seed: int, j: int, dim: int, device: torch.device) -> torch.Tensor:
-    """``ξ_j ~ N(0, I_d)``: the standard normal row ``j`` of ``Z``, a pure function of (seed, j)."""
-    g = make_generator(seed, "noise", int(j), device=device)
-    return torch.randn(dim, generator=g, device=device, dtype=torch.float32)
+def _xi(key: PrivacyKey | int, j: int, dim: int, device: torch.device) -> torch.Tensor:
+    """``ξ_j ~ N(0, I_d)``: the standard normal row ``j`` of ``Z``, a pure function of (key, j)."""
+    return gaussians(PrivacyKey.of(key).derive("xi", int(j)), dim, dtype=torch.float32, device=device)
 
 
 class MatrixNoise(NoiseMechanism):
@@ -102,14 +103,14 @@ class MatrixNoise(NoiseMechanism):
 
     Parameters
     ----------
-    dim, seed, device : as for :class:`NoiseMechanism`.
+    dim, seed, device : as for :class:`NoiseMechanism` (``seed``: the key, or an int seed).
     noising : ``M`` (``n × m``, float64).
     sens : ``sens(C)`` under the run's scheme.
     label : mechanism name for messages and checkpoints.
     memory_budget : bytes allowed for keeping ``ξ`` rows in memory (default 1 GiB).
     """
 
-    def __init__(self, dim: int, seed: int, device: str | torch.device, noising, sens: float,
+    def __init__(self, dim: int, seed: PrivacyKey | int, device: str | torch.device, noising, sens: float,
                  label: str = "matrix", memory_budget: int = 1 << 30) -> None:
         super().__init__(dim, seed, device)
         import numpy as np
@@ -126,9 +127,9 @@ class MatrixNoise(NoiseMechanism):
 
     def _row_xi(self, j: int) -> torch.Tensor:
         if not self._keep:
-            return _xi(self.seed, j, self.dim, self.device)
+            return _xi(self.key, j, self.dim, self.device)
         if j not in self._store:
-            self._store[j] = _xi(self.seed, j, self.dim, self.device)
+            self._store[j] = _xi(self.key, j, self.dim, self.device)
         return self._store[j]
 
     def row(self, t: int) -> torch.Tensor:
@@ -150,7 +151,7 @@ class BandedNoise(NoiseMechanism):
     from :meth:`state_dict`).
     """
 
-    def __init__(self, dim: int, seed: int, device: str | torch.device, C, sens: float,
+    def __init__(self, dim: int, seed: PrivacyKey | int, device: str | torch.device, C, sens: float,
                  label: str = "banded") -> None:
         super().__init__(dim, seed, device)
         import numpy as np
@@ -181,7 +182,7 @@ class BandedNoise(NoiseMechanism):
     def row(self, t: int) -> torch.Tensor:
         if t != self.next_t:
             raise RuntimeError(f"banded noise is streamed in order: expected round {self.next_t}, got {t}")
-        xi = _xi(self.seed, t, self.dim, self.device)
+        xi = _xi(self.key, t, self.dim, self.device)
         nb = self.bands - 1
         if nb > 0 and t > 0:
             ring = self._ring()
@@ -240,7 +241,7 @@ class BLTNoise(NoiseMechanism):
     """Streaming noise of a buffered-linear-Toeplitz ``C = BLT(θ, ω)`` with ``m`` buffers of
     size ``d`` (:func:`fedsim.privacy.blt.blt_stream_step`). Rows are drawn in order."""
 
-    def __init__(self, dim: int, seed: int, device: str | torch.device, theta, omega, sens: float,
+    def __init__(self, dim: int, seed: PrivacyKey | int, device: str | torch.device, theta, omega, sens: float,
                  label: str = "blt") -> None:
         super().__init__(dim, seed, device)
         from fedsim.privacy.blt import blt_stream_init
@@ -261,7 +262,7 @@ class BLTNoise(NoiseMechanism):
 
         if t != self.state.t:
             raise RuntimeError(f"BLT noise is streamed in order: expected round {self.state.t}, got {t}")
-        noise = _xi(self.seed, t, self.dim, self.device)
+        noise = _xi(self.key, t, self.dim, self.device)
         bufs = self.state.buffers
         if bufs is None:
             bufs = tuple(noise.clone() for _ in range(len(self.state.theta)))
@@ -289,7 +290,7 @@ class BLTNoise(NoiseMechanism):
             buffers=None if bufs is None else tuple(b.to(self.device) for b in bufs))
 
 
-def make_noise_mechanism(name: str, dim: int, seed: int, device: str | torch.device = "cpu") -> NoiseMechanism:
+def make_noise_mechanism(name: str, dim: int, seed: PrivacyKey | int, device: str | torch.device = "cpu") -> NoiseMechanism:
     """The mechanism called ``name`` (``none`` | ``gaussian``)."""
     mechanisms: dict[str, type[NoiseMechanism]] = {"none": ZeroNoise, "gaussian": GaussianNoise}
     if name not in mechanisms:

@@ -90,6 +90,11 @@ class PrivacyKey:
         return cls(h.digest())
 
     @classmethod
+    def of(cls, key_or_seed: "PrivacyKey | int") -> "PrivacyKey":
+        """``key_or_seed`` itself if it is a key, else :meth:`from_seed` of the integer."""
+        return key_or_seed if isinstance(key_or_seed, PrivacyKey) else cls.from_seed(int(key_or_seed))
+
+    @classmethod
     def generate(cls) -> "PrivacyKey":
         """A fresh key from the OS CSPRNG (``secrets``): deployment, and each silo's own key."""
         return cls(secrets.token_bytes(KEY_BYTES))
