@@ -96,6 +96,9 @@ def train(msg: Message, context: Context) -> Message:
         "user_loss": [float(r.loss) for r in results],
         "user_examples": [int(r.num_examples) for r in results],
         "num_clipped": int(sum(r.clipped for r in results)),
+        # isolation: users that contributed zero because their training raised / was not finite
+        "failed_users": int(sum(r.failed for r in results)),
+        "nonfinite_users": int(sum(r.nonfinite for r in results)),
     })
     content = RecordDict({
         protocol.ARRAYS: ArrayRecord({protocol.UPDATE_SUM: Array(total.numpy()), **arrays}),

@@ -85,3 +85,63 @@ def make_faulty_client_app(faults: dict[int, str]) -> ClientApp:
     app.train()(train)
     app.evaluate()(evaluate)
     return app
+
+
+#: Kinds of hostile *user data* (not node faults): one user's features scaled by 1e38, or one
+#: user whose samples cannot be read (its training raises).
+USER_FAULT_KINDS = ("huge_features", "raise")
+
+
+class HostileUsers:
+    """A dataset wrapper in which the users in ``faults`` ({user index: kind}) are hostile; every
+    other user's data is the wrapped dataset's, unchanged."""
+
+    def __init__(self, data, faults: dict[int, str]) -> None:
+        for k in faults.values():
+            if k not in USER_FAULT_KINDS:
+                raise ValueError(f"unknown user fault {k!r}; allowed: {USER_FAULT_KINDS}")
+        self._data = data
+        self._faults = {int(u): k for u, k in faults.items()}
+
+    def __getattr__(self, name):
+        return getattr(self._data, name)
+
+    def _sample(self, u, xy):
+        kind = self._faults.get(int(u))
+        if kind == "raise":
+            raise RuntimeError(f"injected: user {u}'s data cannot be read")
+        if kind == "huge_features":
+            x, y = xy
+            return x * 1e38, y
+        return xy
+
+    def train_samples(self, u, idx):
+        kind = self._faults.get(int(u))
+        if kind == "raise":
+            raise RuntimeError(f"injected: user {u}'s data cannot be read")
+        return self._sample(u, self._data.train_samples(u, idx))
+
+    def test_samples(self, u, max_examples=None):
+        return self._sample(u, self._data.test_samples(u, max_examples))
+
+
+def make_hostile_user_app(faults: dict[int, str]) -> ClientApp:
+    """fedsim's ClientApp whose workers see :class:`HostileUsers` data for ``faults`` (on every
+    node): one user's data, not a node, is hostile."""
+    from clients import client_app as ca
+
+    def hostile_data_mod(msg: Message, context: Context, call_next: Callable) -> Message:
+        if msg.metadata.message_type in ("train", "evaluate"):
+            task_json = str(msg.content[protocol.CONFIG]["task"])
+            task, data, model = ca._worker(task_json, context.node_config)
+            if not isinstance(data, HostileUsers):
+                with ca._lock:
+                    for key, value in list(ca._workers.items()):
+                        if value[1] is data:
+                            ca._workers[key] = (task, HostileUsers(data, faults), model)
+        return call_next(msg, context)
+
+    app = ClientApp(mods=[hostile_data_mod])
+    app.train()(train)
+    app.evaluate()(evaluate)
+    return app

@@ -1,7 +1,9 @@
 """Server-side guard and running sum of client replies (ALGORITHMS.md section 1, step 2–3).
 
 A reply whose error-feedback payload (client states or residual sum) is missing or
-malformed is dropped as ``bad_state``. Each reply carries the sum of the clipped updates of the ``m`` users the server
+malformed is dropped as ``bad_state``. These are node-level protocol faults: fedsim's own client
+isolates its users (a failing or non-finite user contributes zero and is counted), so one user's
+data never makes a reply invalid. Each reply carries the sum of the clipped updates of the ``m`` users the server
 assigned to that node. The server never trusts it: a reply that is missing, not a
 floating-point vector of length ``d``, or not finite is dropped and counted; a
 reply whose norm exceeds ``m·c`` is re-clipped to ``m·c``. Only a running sum is
@@ -55,12 +57,21 @@ class UpdateAggregator:
         self.dropped_users += int(users)
 
     def add(self, update: Any, users: int) -> str | None:
-        """Validate one reply for ``users`` users and add it; return the drop reason or None."""
+        """Validate one reply for ``users`` users and add it; return the drop reason or None.
+
+        The reply is cast to float32 first and every check runs on that float32 array, the one
+        that is summed: a float64 ``1e39`` becomes ``inf`` in the cast and the reply is dropped
+        as ``nonfinite``, never summed."""
         reason = self._check(update)
+        if reason is None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                update = np.asarray(update, dtype=np.float32)
+            if not np.all(np.isfinite(update)):
+                reason = "nonfinite"
         if reason is not None:
             self.drop(reason, users)
             return reason
-        v = torch.as_tensor(np.asarray(update, dtype=np.float32), device=self.device)
+        v = torch.as_tensor(update, device=self.device)
         bound = users * self.clip_norm
         v, norm = clip_vector(v, bound)
         if norm > bound:
@@ -77,8 +88,6 @@ class UpdateAggregator:
             return "dtype"
         if update.shape != (self.dim,):
             return "shape"
-        if not np.all(np.isfinite(update)):
-            return "nonfinite"
         return None
 
     def drop_counts(self) -> dict[str, int]:

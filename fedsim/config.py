@@ -188,20 +188,29 @@ class SamplingConfig(_Section):
         (exactly ``cohort_size`` without replacement), ``single`` (each user at most once),
         ``epochs`` (``min_sep`` fixed groups cycled in order), ``min_sep`` (the same groups,
         optionally Poisson-thinned).
-    cohort_size : ``K̄``, the fixed denominator (for ``epochs``/``min_sep`` without
-        thinning: the group size ``⌊N/b⌋``).
+    cohort_size : ``K̄``, the expected cohort and fixed denominator (``K`` users per round for
+        ``fixed``; the bucket size ``K`` for ``single``). Default: 40 for ``poisson``/``fixed``/
+        ``single``; for ``epochs``/``min_sep`` without thinning the expected group size ``N/b``
+        (keyed) or ``⌊N/b⌋`` (shuffle), derived from the population — set it only to fix another
+        constant denominator. Thinned ``min_sep`` needs it (``≤ N/b``).
     min_sep : ``b``, the number of groups = the minimum separation between a user's
         rounds (``epochs``/``min_sep``; default ``rounds``, i.e. one participation).
     max_participations : ``k`` (default ``⌈rounds / b⌉``).
     poisson_within_group : ``min_sep`` only: sample each group member with
-        ``p = cohort_size / ⌊N/b⌋`` (amplified banded MF).
+        ``p = cohort_size / (N/b)`` (amplified banded MF).
+    assignment : how ``single``/``epochs``/``min_sep`` put users into buckets or groups:
+        ``keyed`` (default: a keyed pseudo-random function of each user's own id, so adding or
+        removing a user changes nobody else's rounds — ε for add/remove adjacency) or ``shuffle``
+        (a seeded permutation of positions, where a new user can displace another — ε only for
+        zero-out adjacency, and every output says so).
     """
 
     scheme: Literal["poisson", "fixed", "single", "epochs", "min_sep"] = "poisson"
-    cohort_size: int = Field(default=40, ge=1)
+    cohort_size: float | None = Field(default=None, gt=0)
     min_sep: int | None = Field(default=None, ge=1)
     max_participations: int | None = Field(default=None, ge=1)
     poisson_within_group: bool = False
+    assignment: Literal["keyed", "shuffle"] = "keyed"
 
 
 class PrivacyConfig(_Section):
@@ -517,7 +526,7 @@ class Config(_Section):
         """Checks that need the population ``N``; raise before the run starts."""
         if population < 2:
             raise FedsimError(f"data: the dataset has {population} users; at least 2 are needed")
-        if self.sampling.cohort_size > population:
+        if self.sampling.cohort_size is not None and self.sampling.cohort_size > population:
             raise FedsimError(
                 f"sampling.cohort_size = {self.sampling.cohort_size} exceeds the population "
                 f"N = {population}; lower sampling.cohort_size or raise data.max_users"

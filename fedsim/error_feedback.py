@@ -97,11 +97,18 @@ class ClientStateStore:
         return np.zeros(self.dim, dtype=np.float32) if s is None else s
 
     def valid(self, value: Any) -> bool:
-        return (isinstance(value, np.ndarray) and value.shape == (self.dim,)
-                and np.issubdtype(value.dtype, np.floating) and bool(np.all(np.isfinite(value))))
+        """A float vector of length ``d`` that is finite after the cast to float32 (what is stored)."""
+        if not (isinstance(value, np.ndarray) and value.shape == (self.dim,)
+                and np.issubdtype(value.dtype, np.floating)):
+            return False
+        with np.errstate(over="ignore"):
+            return bool(np.all(np.isfinite(value.astype(np.float32))))
 
     def put(self, user: int, value: np.ndarray) -> None:
-        self.states[int(user)] = np.asarray(value, dtype=np.float32).copy()
+        stored = np.asarray(value, dtype=np.float32).copy()
+        if not np.all(np.isfinite(stored)):
+            raise ValueError("error state is not finite in float32; validate it with valid() first")
+        self.states[int(user)] = stored
 
     def state_dict(self) -> dict[str, Any]:
         users = sorted(self.states)

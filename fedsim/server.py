@@ -43,7 +43,7 @@ class DPServer:
     """
 
     def __init__(self, params: torch.Tensor, noise: NoiseMechanism, optimizer: ServerOptimizer,
-                 ledger: Ledger, clip_norm: float, noise_multiplier: float, expected_cohort: int,
+                 ledger: Ledger, clip_norm: float, noise_multiplier: float, expected_cohort: float,
                  filter: Any = None, clip_controller: Any = None, error_feedback: Any = None) -> None:
         self.params = params.detach().clone().to(torch.float32)
         self.noise = noise
@@ -51,7 +51,7 @@ class DPServer:
         self.ledger = ledger
         self.clip_norm = float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)
-        self.expected_cohort = int(expected_cohort)
+        self.expected_cohort = float(expected_cohort)
         self.filter = filter
         self.clip_controller = clip_controller
         self.error_feedback = error_feedback
@@ -159,7 +159,7 @@ class DPServer:
             self.clip_controller.load_state_dict(state["clip_controller"])
 
 
-def noise_variance_fn(noise_std: float | Callable[[int], float], expected_cohort: int,
+def noise_variance_fn(noise_std: float | Callable[[int], float], expected_cohort: float,
                       noising: np.ndarray | None, impulse: np.ndarray | None) -> Callable[[int], float]:
     """``Φ_t``: the exact per-coordinate variance of the DP noise inside the (filtered)
     update of round ``t`` (ALGORITHMS.md section 7), for DP-AdamBC.

@@ -47,12 +47,17 @@ from fedsim.server import DPServer
 from fedsim.training import LocalTraining
 
 
+#: Stable ids of simulated users (the audit's canaries), which join the sampled population.
+SYNTHETIC_ID_PREFIX = "__fedsim_synthetic_user_"
+
+
 def scheme_of(cfg: Config, population: int) -> ParticipationScheme:
     """The participation scheme ``cfg`` asks for, checked against the run length."""
     s = cfg.sampling
     return make_scheme(s.scheme, population, s.cohort_size, min_sep=s.min_sep,
                        max_participations=s.max_participations,
-                       poisson_within_group=s.poisson_within_group, rounds=cfg.rounds)
+                       poisson_within_group=s.poisson_within_group, rounds=cfg.rounds,
+                       assignment=s.assignment)
 
 
 def resolve_privacy(cfg: Config, population: int) -> AccountingSpec:
@@ -64,10 +69,11 @@ def resolve_privacy(cfg: Config, population: int) -> AccountingSpec:
     delta = p.delta if p.delta is not None else default_delta(population)
     amplified = isinstance(scheme, GroupScheme) and scheme.poisson_within_group
     spec = AccountingSpec(mechanism=p.mechanism, scheme=cfg.sampling.scheme, population=population,
-                          cohort_size=cfg.sampling.cohort_size, noise_multiplier=p.noise_multiplier or 0.0,
+                          cohort_size=scheme.expected_cohort, noise_multiplier=p.noise_multiplier or 0.0,
                           delta=delta, accountant=p.accountant,
                           min_sep=scheme.min_separation or 1, amplified=amplified,
-                          no_guarantee=cfg.client.error_feedback == "server")
+                          no_guarantee=cfg.client.error_feedback == "server",
+                          assignment=scheme.assignment)
     if p.mechanism != "none" and p.target_epsilon is not None:
         z = calibrate_noise_multiplier(spec, cfg.rounds, p.target_epsilon)
         spec = replace(spec, noise_multiplier=z)
@@ -98,7 +104,7 @@ def resolve_clipping(cfg: Config, spec: AccountingSpec, scheme: ParticipationSch
         return z, None
     from fedsim.privacy.adaptive_clip import update_noise_multiplier
 
-    sigma_b = c.count_stddev if c.count_stddev is not None else cfg.sampling.cohort_size / 20.0
+    sigma_b = c.count_stddev if c.count_stddev is not None else scheme.expected_cohort / 20.0
     k = count_releases_per_user(spec, scheme, cfg.rounds)
     z_update = update_noise_multiplier(z, sigma_b, k)
     return z_update, {
@@ -271,17 +277,21 @@ def make_server_filter(cfg: Config) -> Any:
     return make_filter("disk", mode=f.mode, kappa=f.kappa, gamma=f.gamma)
 
 
-def make_server_optimizer(cfg: Config, noise_std: float | Any, plan: MFPlan | None, filt: Any) -> Any:
+def make_server_optimizer(cfg: Config, noise_std: float | Any, plan: MFPlan | None, filt: Any,
+                          expected_cohort: float | None = None) -> Any:
     """The server optimizer; for ``adambc`` with ``Φ_t`` computed exactly from the noise
     mechanism (its noising matrix) pushed through the filter's impulse response.
-    ``noise_std`` is ``c·z·sens`` or, with adaptive clipping, a function of the round."""
+    ``noise_std`` is ``c·z·sens`` or, with adaptive clipping, a function of the round;
+    ``expected_cohort`` is ``K̄`` (default ``sampling.cohort_size``)."""
+    if expected_cohort is None:
+        expected_cohort = float(cfg.sampling.cohort_size or 0) or 1.0
     s = cfg.server
     if s.optimizer != "adambc":
         return make_optimizer(s.optimizer, s.lr, s.momentum, s.beta1, s.beta2, s.eps, s.bias_correction)
     from fedsim.server import noise_variance_fn
 
     impulse = None if filt is None else filt.impulse_response(cfg.rounds)
-    phi = noise_variance_fn(noise_std, cfg.sampling.cohort_size, None if plan is None else plan.noising, impulse)
+    phi = noise_variance_fn(noise_std, expected_cohort, None if plan is None else plan.noising, impulse)
     return make_optimizer("adambc", s.lr, s.momentum, s.beta1, s.beta2, s.eps, s.bias_correction,
                           noise_variance=phi, gamma_frac=s.gamma_frac)
 
@@ -397,12 +407,13 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         from fedsim.privacy.adaptive_clip import AdaptiveClip
 
         clip_ctl = AdaptiveClip(cfg.client.clip_norm, cfg.clipping.target_quantile, cfg.clipping.lr,
-                                prep.budget_split["count_stddev"], cfg.sampling.cohort_size,
+                                prep.budget_split["count_stddev"], prep.scheme.expected_cohort,
                                 privacy_key.derive("clip-count"))
 
         def noise_std(tau: int, _c=clip_ctl, _s=z_eff * noise.sensitivity) -> float:
             return (_c.history + [_c.clip_norm])[tau] * _s
-    optimizer = make_server_optimizer(cfg, noise_std=noise_std, plan=prep.plan, filt=filt)
+    optimizer = make_server_optimizer(cfg, noise_std=noise_std, plan=prep.plan, filt=filt,
+                                      expected_cohort=prep.scheme.expected_cohort)
     notes = []
     if ef == "server":
         from fedsim.error_feedback import SERVER_EF_LABEL
@@ -422,9 +433,11 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
             u: steps_and_rate(min(n, cfg.client.max_examples), cfg.client.batch_size, cfg.client.local_epochs)
             for u, n in enumerate(n_train)})
     server = DPServer(prep.x0.to(device), noise, optimizer, ledger, server_clip,
-                      z_eff, cfg.sampling.cohort_size, filter=filt, clip_controller=clip_ctl,
+                      z_eff, prep.scheme.expected_cohort, filter=filt, clip_controller=clip_ctl,
                       error_feedback=server_ef)
-    sampler = make_sampler(prep.scheme, privacy_key.derive("sampling"))
+    user_ids = list(data.names) + ([] if synthetic is None else
+                                   [f"{SYNTHETIC_ID_PREFIX}{k}" for k in range(int(synthetic.count))])
+    sampler = make_sampler(prep.scheme, privacy_key.derive("sampling"), user_ids)
     if cfg.filter.trace_coordinates:
         server.enable_trace(cfg.filter.trace_coordinates, derive_seed(cfg.seed, "filter-trace"))
 

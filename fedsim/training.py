@@ -9,10 +9,17 @@ on which worker trains it or which users came before.
 After local training, the user's delta ``Δ_i = x_local − x_t`` is clipped to
 ``c`` (:func:`fedsim.privacy.clip_vector`) here, in fedsim's own client code; the
 server re-clips the sum of ``m`` users to ``m·c``.
+
+Isolation: one user's data never changes another user's contribution. A user whose local
+training raises (any exception: data, forward, backward, Opacus, DiSK, error feedback) or whose
+clipped delta is not finite in the float32 that is summed contributes exactly zero and is
+counted (``UserResult.failed`` / ``UserResult.nonfinite``); the other users of the same reply
+are unaffected, so the server never has to drop a multi-user reply because of one user.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +30,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from fedsim.data import FederatedData
-from fedsim.privacy.clipping import clip_vector
+from fedsim.privacy.clipping import clip_vector, is_finite_norm
 from fedsim.seeding import make_generator
 
 
@@ -66,11 +73,36 @@ class LocalTraining:
 
 @dataclass
 class UserResult:
+    """One user's outcome. ``failed``: local training raised; ``nonfinite``: the delta was not
+    finite. Either way the user contributed zero, and ``loss`` is NaN."""
+
     user: int
     loss: float
     num_examples: int
     norm: float
     clipped: bool
+    failed: bool = False
+    nonfinite: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not (self.failed or self.nonfinite)
+
+
+def failed_result(user: int) -> UserResult:
+    """The result of a user whose local training raised (it contributes zero)."""
+    return UserResult(user, math.nan, 0, 0.0, False, failed=True)
+
+
+def isolated_clip(delta: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float, bool]:
+    """``(clip(Δ, c) on the CPU, ‖Δ‖, finite)``: a non-finite delta, or one whose clipped copy is
+    not finite once cast to the float32 that workers sum and send, becomes zeros with
+    ``finite = False``. The dtype of ``Δ`` is kept (the worker's float32 sum casts it)."""
+    clipped, norm = clip_vector(delta, clip_norm)
+    out = clipped.detach().cpu()
+    if not is_finite_norm(norm) or not bool(torch.isfinite(out.to(torch.float32)).all()):
+        return torch.zeros_like(out), math.inf, False
+    return out, norm, True
 
 
 def local_delta(model: nn.Module, x0: torch.Tensor, data: FederatedData, user: int,
@@ -187,9 +219,14 @@ def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedData, user
     (``Δ`` from :func:`user_delta`, clipped after any DiSK mixing).
     Training runs on the model's device; the returned update is on the CPU.
     """
-    delta, loss, seen = user_delta(model, x0, data, user, round_index, seed, spec, disk, d_prev, example_dp)
-    clipped, norm = clip_vector(delta, spec.clip_norm)
-    return clipped.cpu(), UserResult(user, loss, seen, norm, norm > spec.clip_norm)
+    try:
+        delta, loss, seen = user_delta(model, x0, data, user, round_index, seed, spec, disk, d_prev, example_dp)
+    except Exception:  # this user's data or training failed: it contributes zero (isolation)
+        return torch.zeros(x0.numel(), dtype=torch.float32), failed_result(user)
+    clipped, norm, finite = isolated_clip(delta, spec.clip_norm)
+    if not finite:
+        return clipped, UserResult(user, math.nan, seen, math.inf, False, nonfinite=True)
+    return clipped, UserResult(user, loss, seen, norm, norm > spec.clip_norm)
 
 
 def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedData, users: list[int],
@@ -198,7 +235,7 @@ def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedData, users: 
     """Train each user from ``x0``; return the running sum of their clipped deltas and their results.
     ``disk``/``d_prev``: DiSK's client evaluation; ``example_dp``: Opacus DP-SGD in each silo
     (:func:`user_delta`)."""
-    total = torch.zeros_like(x0)
+    total = torch.zeros(x0.numel(), dtype=torch.float32)
     results = []
     for u in users:
         clipped, res = train_one_user(model, x0, data, u, round_index, seed, spec, disk, d_prev, example_dp)
@@ -225,22 +262,36 @@ def train_users_ef(model: nn.Module, x0: torch.Tensor, data: FederatedData, user
     """
     from fedsim.error_feedback import client_ef_update
 
-    total = torch.zeros_like(x0)
+    if mode not in ("client", "server"):
+        raise ValueError(f"error feedback mode {mode!r}")
+    total = torch.zeros(x0.numel(), dtype=torch.float32)
     results = []
-    extra: dict[int, torch.Tensor] | torch.Tensor = {} if mode == "client" else torch.zeros_like(x0)
+    extra: dict[int, torch.Tensor] | torch.Tensor = {} if mode == "client" else torch.zeros_like(total)
     for u in users:
-        delta, loss, seen = user_delta(model, x0, data, u, round_index, seed, spec, disk, d_prev, example_dp)
-        delta = delta.cpu()
         if mode == "client":
             assert states is not None and isinstance(extra, dict)
-            upd, extra[u], norm = client_ef_update(delta, states[u], spec.clip_norm, ef_clip)
-        elif mode == "server":
-            upd, norm = clip_vector(delta, spec.clip_norm)
-            assert isinstance(extra, torch.Tensor)
-            extra.add_(delta - upd)
-        else:
-            raise ValueError(f"error feedback mode {mode!r}")
+            extra[u] = states[u]  # unchanged unless this participation succeeds
+        try:
+            delta, loss, seen = user_delta(model, x0, data, u, round_index, seed, spec, disk, d_prev, example_dp)
+            delta = delta.detach().to("cpu", torch.float32)
+            if mode == "client":
+                upd, new_state, norm = client_ef_update(delta, states[u], spec.clip_norm, ef_clip)
+                residual = None
+            else:
+                upd, norm = clip_vector(delta, spec.clip_norm)
+                residual, new_state = delta - upd, None
+        except Exception:  # isolation: a failing user contributes zero and keeps its state
+            results.append(failed_result(u))
+            continue
+        parts = [upd] + [x for x in (new_state, residual) if x is not None]
+        if not (is_finite_norm(norm) and all(bool(torch.isfinite(x).all()) for x in parts)):
+            results.append(UserResult(u, math.nan, seen, math.inf, False, nonfinite=True))
+            continue
         total.add_(upd)
+        if mode == "client":
+            extra[u] = new_state  # type: ignore[index]
+        else:
+            extra.add_(residual)  # type: ignore[union-attr]
         results.append(UserResult(u, loss, seen, norm, norm > spec.clip_norm))
     return total, results, extra
 
@@ -250,16 +301,27 @@ def evaluate_users(model: nn.Module, x: torch.Tensor, data: FederatedData, users
                    max_examples: int | None) -> dict[str, float]:
     """Evaluation sums over ``users``' test samples (:meth:`eval_sums` of the dataset, summed):
     ``loss_sum``/``loss_count``, ``correct``/``count`` (the headline accuracy), ``examples`` and
-    any dataset-specific ``<name>_correct``/``<name>_count`` pairs."""
+    any dataset-specific ``<name>_correct``/``<name>_count`` pairs. A user whose evaluation raises
+    or gives a non-finite sum is left out and counted in ``failed_users`` (isolation: one user's
+    data cannot turn the metrics into NaN)."""
     params = list(model.parameters())
     dev = params[0].device
     load_flat_(params, x.to(dev))
     model.eval()
-    sums: dict[str, float] = {}
+    sums: dict[str, float] = {"failed_users": 0.0}
     for u in users:
-        xb, yb = data.test_samples(u, max_examples)
-        xb, yb = xb.to(dev), yb.to(dev)
-        for s in range(0, len(yb), 256):
-            for k, v in data.eval_sums(model(xb[s: s + 256]), yb[s: s + 256]).items():
-                sums[k] = sums.get(k, 0.0) + v
+        mine: dict[str, float] = {}
+        try:
+            xb, yb = data.test_samples(u, max_examples)
+            xb, yb = xb.to(dev), yb.to(dev)
+            for s in range(0, len(yb), 256):
+                for k, v in data.eval_sums(model(xb[s: s + 256]), yb[s: s + 256]).items():
+                    mine[k] = mine.get(k, 0.0) + v
+        except Exception:
+            mine = {"": math.nan}
+        if not all(math.isfinite(v) for v in mine.values()):
+            sums["failed_users"] += 1
+            continue
+        for k, v in mine.items():
+            sums[k] = sums.get(k, 0.0) + v
     return sums

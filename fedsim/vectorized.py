@@ -23,7 +23,6 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from fedsim.privacy.clipping import clip_vector
 from fedsim.seeding import make_generator
 
 #: Above this many parameters a model is trained user by user (arithmetic dominates anyway).
@@ -89,41 +88,72 @@ def train_users_vectorized(model: nn.Module, x0: torch.Tensor, data, users: list
         lo = forward(leaves, xb, yb)
         grads = torch.autograd.grad(lo.sum(), list(leaves.values()))
         return dict(zip(leaves, grads)), lo.detach()
-    plans = _plans(data, users, round_index, seed, spec)
-    groups: dict[int, list[int]] = defaultdict(list)
-    for u in users:
-        groups[data.num_train(u)].append(u)
+
+    from fedsim.training import failed_result, isolated_clip, train_one_user
+
+    def _train_chunk(chunk: list[int], n: int) -> None:
+        """Train ``chunk`` (users with ``n`` samples each) together under ``vmap``; each user's
+        delta is clipped on its own, and a non-finite one becomes zero (isolation)."""
+        samples = []
+        for u in list(chunk):
+            try:  # a user whose samples cannot be read contributes zero; the others stay batched
+                samples.append(data.train_samples(u, np.arange(n)))
+            except Exception:
+                clipped_of[u], results[u] = torch.zeros(x0.numel(), dtype=torch.float32), failed_result(u)
+                chunk = [v for v in chunk if v != u]
+        if not chunk:
+            return
+        U = len(chunk)
+        p = {k: v.unsqueeze(0).expand(U, *v.shape).clone() for k, v in base.items()}
+        xs = torch.stack([s[0] for s in samples]).to(dev)
+        ys = torch.stack([s[1] for s in samples]).to(dev)
+        rows = torch.arange(U, device=dev).unsqueeze(1)
+        loss_sum = torch.zeros(U, device=dev, dtype=torch.float64)
+        steps = seen = 0
+        for e in range(spec.epochs):
+            perms = np.stack([plans[u][e] for u in chunk])  # same length for a group
+            for s in range(0, perms.shape[1], spec.batch_size):
+                idx = torch.from_numpy(np.sort(perms[:, s: s + spec.batch_size], axis=1)).to(dev)
+                g, lo = step(p, xs[rows, idx], ys[rows, idx])
+                with torch.no_grad():
+                    for k in p:
+                        p[k].sub_(g[k], alpha=spec.lr)
+                loss_sum += lo.detach().double()
+                steps += 1
+                seen += idx.shape[1]
+        with torch.no_grad():
+            flat = torch.cat([p[k].reshape(U, -1) for k in names], dim=1) - x0
+        for i, u in enumerate(chunk):
+            clipped_of[u], norm, finite = isolated_clip(flat[i], spec.clip_norm)
+            results[u] = (UserResult(u, float(loss_sum[i]) / max(steps, 1), seen, norm, norm > spec.clip_norm)
+                          if finite else UserResult(u, float("nan"), seen, float("inf"), False, nonfinite=True))
+
     clipped_of: dict[int, torch.Tensor] = {}
     results: dict[int, UserResult] = {}
+    plans: dict[int, list[np.ndarray]] = {}
+    groups: dict[int, list[int]] = defaultdict(list)
+    for u in users:
+        try:  # isolation: a user whose data cannot even be sized or shuffled contributes zero
+            plans.update(_plans(data, [u], round_index, seed, spec))
+            groups[data.num_train(u)].append(u)
+        except Exception:
+            clipped_of[u], results[u] = torch.zeros(x0.numel(), dtype=torch.float32), failed_result(u)
+
+    def chunk_sequentially(chunk: list[int]) -> None:
+        """A chunk whose batched pass raised: its users one by one, each isolated."""
+        for u in chunk:
+            clipped_of[u], results[u] = train_one_user(model, x0, data, u, round_index, seed, spec)
+
     for n in sorted(groups):
         members = groups[n]
         for c in range(0, len(members), CHUNK):
             chunk = members[c: c + CHUNK]
-            U = len(chunk)
-            p = {k: v.unsqueeze(0).expand(U, *v.shape).clone() for k, v in base.items()}
-            samples = [data.train_samples(u, np.arange(n)) for u in chunk]
-            xs = torch.stack([s[0] for s in samples]).to(dev)
-            ys = torch.stack([s[1] for s in samples]).to(dev)
-            rows = torch.arange(U, device=dev).unsqueeze(1)
-            loss_sum = torch.zeros(U, device=dev, dtype=torch.float64)
-            steps = seen = 0
-            for e in range(spec.epochs):
-                perms = np.stack([plans[u][e] for u in chunk])  # same length for a group
-                for s in range(0, perms.shape[1], spec.batch_size):
-                    idx = torch.from_numpy(np.sort(perms[:, s: s + spec.batch_size], axis=1)).to(dev)
-                    g, lo = step(p, xs[rows, idx], ys[rows, idx])
-                    with torch.no_grad():
-                        for k in p:
-                            p[k].sub_(g[k], alpha=spec.lr)
-                    loss_sum += lo.detach().double()
-                    steps += 1
-                    seen += idx.shape[1]
-            with torch.no_grad():
-                flat = torch.cat([p[k].reshape(U, -1) for k in names], dim=1) - x0
-            for i, u in enumerate(chunk):
-                clipped_of[u], norm = clip_vector(flat[i], spec.clip_norm)
-                results[u] = UserResult(u, float(loss_sum[i]) / max(steps, 1), seen, norm, norm > spec.clip_norm)
-    total = torch.zeros_like(x0)
+            try:
+                _train_chunk(chunk, n)
+            except Exception:
+                chunk_sequentially(chunk)
+    total = torch.zeros(x0.numel(), dtype=torch.float32)
     for u in users:  # the sequential path's summation order
         total.add_(clipped_of[u])
-    return total.cpu(), [results[u] for u in users]
+    return total, [results[u] for u in users]
+

@@ -36,6 +36,13 @@ def _as_int(v: Any) -> int:
         return 0
 
 
+def _as_float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError):
+        return float("nan")
+
+
 class UserLevelDPStrategy(Strategy):
     """User-level DP with a fixed denominator, on any noise mechanism and server optimizer.
 
@@ -170,9 +177,11 @@ class UserLevelDPStrategy(Strategy):
                 out = {u: rec[protocol.state_key(u)].numpy() for u in users}
                 return out if all(self.client_store.valid(v) for v in out.values()) else None
             r = msg.content.array_records[protocol.ARRAYS][protocol.RESIDUAL_SUM].numpy()
-            ok = (r.shape == (self.aggregator.dim,) and np.issubdtype(r.dtype, np.floating)
-                  and bool(np.all(np.isfinite(r))))
-            return r.astype(np.float32) if ok else None
+            if r.shape != (self.aggregator.dim,) or not np.issubdtype(r.dtype, np.floating):
+                return None
+            with np.errstate(over="ignore"):
+                r32 = r.astype(np.float32)  # check finiteness on the array that is summed
+            return r32 if bool(np.all(np.isfinite(r32))) else None
         except Exception:  # missing or undecodable payload
             return None
 
@@ -184,6 +193,7 @@ class UserLevelDPStrategy(Strategy):
         losses: list[float] = []
         examples = 0
         clipped = 0
+        failed_users = nonfinite_users = 0
         centred = 0.0  # Σ(b_i − ½), b_i = 1[‖Δ_i‖ ≤ c_t], over accepted users (adaptive clipping)
         valid: list[tuple[list[int], Any, Any]] = []
         for msg in replies:
@@ -222,9 +232,11 @@ class UserLevelDPStrategy(Strategy):
                         self.client_store.put(u, e)
                 elif self.ef_mode == "server":
                     residual = extra if residual is None else residual + extra
-                losses.extend(float(v) for v in metrics.get("user_loss", []))
+                losses.extend(v for v in (_as_float(x) for x in metrics.get("user_loss", [])) if np.isfinite(v))
                 examples += int(sum(metrics.get("user_examples", [])))
                 m = len(users)
+                failed_users += min(max(_as_int(metrics.get("failed_users", 0)), 0), m)
+                nonfinite_users += min(max(_as_int(metrics.get("nonfinite_users", 0)), 0), m)
                 n_clip = min(max(_as_int(metrics.get("num_clipped", 0)), 0), m)  # guard: 0 ≤ · ≤ m
                 clipped += n_clip
                 centred += m / 2.0 - n_clip
@@ -260,6 +272,8 @@ class UserLevelDPStrategy(Strategy):
             "dropped_replies": agg.dropped_replies,
             "drop_reasons": agg.drop_counts(),
             "server_reclipped": agg.server_clipped,
+            "failed_users": failed_users,
+            "nonfinite_users": nonfinite_users,
             "clipped_fraction": clipped / agg.accepted_users if agg.accepted_users else None,
             "clip_norm": c_t,
             "client_evaluations_per_user": self.client_evaluations,
@@ -319,7 +333,8 @@ class UserLevelDPStrategy(Strategy):
         out: dict[str, float | int] = {
             "eval_loss": sums["loss_sum"] / max(sums.get("loss_count", count), 1e-300),
             "eval_accuracy": sums.get("correct", 0.0) / count,
-            "eval_examples": int(sums.get("examples", count)), "eval_failed_replies": failed}
+            "eval_examples": int(sums.get("examples", count)), "eval_failed_replies": failed,
+            "eval_failed_users": int(sums.get("failed_users", 0.0))}
         for k in sorted(sums):
             if k.endswith("_correct") and sums.get(k[: -len("_correct")] + "_count", 0.0) > 0:
                 name = k[: -len("_correct")]

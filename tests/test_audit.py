@@ -239,12 +239,12 @@ def test_cli_audit_user_errors_are_one_line(capsys, tmp_path):
     assert "canaries" in err
     code, _, err = _cli(capsys, "audit", "--set", "nosuch.key=1", "--json")
     assert code == 2 and "nosuch" in err
-    # epochs groups sized for N alone do not fit N + M: the message names the canaries
-    code, _, err = _cli(capsys, "audit", "--canaries", "10", "--out", str(tmp_path / "y"),
-                        "--set", "data.max_users=30", "--set", "rounds=4", "--set", "sampling.min_sep=2",
-                        "--set", "sampling.max_participations=2", "--set", "sampling.cohort_size=15", "--json")
-    assert code == 2 and "sampling.cohort_size = 20" in err and "10 canary users" in err
-    assert not (tmp_path / "y" / "metrics.jsonl").exists()
+    # keyed epochs groups are sized from the population the audit accounts, N + M: K̄ = (N + M)/b
+    from fedsim.config import load_config
+    from fedsim.simulation import scheme_of
+
+    cfg = load_config(None, ["data.max_users=30", "rounds=4", "sampling.min_sep=2", "sampling.max_participations=2"])
+    assert scheme_of(cfg, 30 + 10).expected_cohort == 20.0 and scheme_of(cfg, 30).expected_cohort == 15.0
     # an error that has nothing to do with the canaries is not annotated
     code, _, err = _cli(capsys, "audit", "--canaries", "10", "--out", str(tmp_path / "z"),
                         "--set", "data.max_users=30", "--set", "sampling.scheme='poisson'", "--json")

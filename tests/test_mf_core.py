@@ -36,19 +36,37 @@ def _record(sampler, rounds):
 
 
 def test_single_sampler_each_user_at_most_once():
-    scheme = make_scheme("single", 1000, 30, rounds=33)
+    # keyed (default): bucket PRF(id) mod ⌈N/K⌉ = 34; every user exactly once over the 34 rounds
+    scheme = make_scheme("single", 1000, 30, rounds=34)
+    assert scheme.buckets == 34 and scheme.expected_cohort == pytest.approx(1000 / 34)
+    seen, sizes = _record(make_sampler(scheme, 5), 34)
+    assert all(len(r) == 1 for r in seen.values()) and len(seen) == 1000
+    from scipy import stats
+
+    assert stats.chisquare(sizes).pvalue > 1e-4  # multinomial(1000, 1/34) bucket sizes
+    with pytest.raises(FedsimError, match="buckets"):
+        make_scheme("single", 1000, 30, rounds=35)
+    # shuffle: blocks of exactly K positions
+    scheme = make_scheme("single", 1000, 30, rounds=33, assignment="shuffle")
     seen, sizes = _record(make_sampler(scheme, 5), 33)
     assert all(len(r) == 1 for r in seen.values())
     assert sizes == [30] * 33 and len(seen) == 990
 
 
-def test_epochs_sampler_patterns_are_g_plus_multiples_of_b():
+@pytest.mark.parametrize("assignment", ["keyed", "shuffle"])
+def test_epochs_sampler_patterns_are_g_plus_multiples_of_b(assignment):
     n_users, b, k = 103, 5, 4
-    scheme = make_scheme("epochs", n_users, n_users // b, min_sep=b, max_participations=k, rounds=k * b)
+    scheme = make_scheme("epochs", n_users, None, min_sep=b, max_participations=k, rounds=k * b,
+                         assignment=assignment)
     sampler = make_sampler(scheme, 9)
     seen, sizes = _record(sampler, k * b)
-    assert sizes == [n_users // b] * (k * b)
-    assert len(seen) == b * (n_users // b)  # the 3 left over never take part
+    if assignment == "shuffle":
+        assert sizes == [n_users // b] * (k * b)
+        assert len(seen) == b * (n_users // b)  # the 3 left over never take part
+        assert scheme.expected_cohort == n_users // b
+    else:
+        assert len(seen) == n_users  # every user has a group; sizes vary around N/b
+        assert sum(sizes[:b]) == n_users and scheme.expected_cohort == pytest.approx(n_users / b)
     for rounds in seen.values():
         g = rounds[0]
         assert g < b and rounds == list(range(g, k * b, b))
@@ -59,7 +77,7 @@ def test_min_sep_poisson_thinning_honours_k_b_and_rate():
     scheme = make_scheme("min_sep", n_users, kbar, min_sep=b, max_participations=k,
                          poisson_within_group=True, rounds=k * b)
     seen, sizes = _record(make_sampler(scheme, 1), k * b)
-    p = kbar / (n_users // b)
+    p = kbar / (n_users / b)
     for rounds in seen.values():
         assert len(rounds) <= k
         assert all(y - x >= b for x, y in zip(rounds, rounds[1:]))
@@ -73,8 +91,9 @@ def test_min_sep_poisson_thinning_honours_k_b_and_rate():
 
 
 @pytest.mark.parametrize("kwargs,needle", [
-    (dict(name="single", population=100, cohort_size=10, rounds=11), "rounds × cohort_size"),
-    (dict(name="epochs", population=100, cohort_size=7, min_sep=10, rounds=10), "sampling.cohort_size = 10"),
+    (dict(name="single", population=100, cohort_size=10, rounds=11), "buckets"),
+    (dict(name="min_sep", population=100, cohort_size=None, min_sep=10, poisson_within_group=True, rounds=10),
+     "needs sampling.cohort_size"),
     (dict(name="epochs", population=100, cohort_size=10, min_sep=10, max_participations=2, rounds=21),
      "at most k·b"),
     (dict(name="epochs", population=100, cohort_size=5, min_sep=10, poisson_within_group=True, rounds=10),

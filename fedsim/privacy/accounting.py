@@ -63,6 +63,8 @@ class AccountingSpec:
     scheme : ``poisson`` | ``fixed``.
     population : ``N``, number of users (after any ``data.max_users`` subset).
     cohort_size : ``K̄`` (expected cohort; exactly ``K`` for ``fixed``).
+    assignment : ``keyed`` or ``shuffle`` group/bucket assignment of the bounded schemes; decides
+        the neighbouring relation the ε holds for (:attr:`neighboring_relation`).
     noise_multiplier : ``z`` (ignored for ``none``).
     delta : target δ.
     accountant : ``pld`` | ``rdp`` (``fixed`` always uses ``rdp``).
@@ -76,13 +78,14 @@ class AccountingSpec:
     mechanism: str
     scheme: str
     population: int
-    cohort_size: int
+    cohort_size: float
     noise_multiplier: float
     delta: float
     accountant: str = "pld"
     min_sep: int = 1
     amplified: bool = False
     no_guarantee: bool = False
+    assignment: str = "keyed"
 
     def __post_init__(self) -> None:
         if self.mechanism in MF_MECHANISMS and self.scheme not in MF_SCHEMES:
@@ -105,8 +108,10 @@ class AccountingSpec:
 
     @property
     def sampling_rate(self) -> float:
-        if self.amplified:
-            return self.cohort_size / (self.population // self.min_sep)
+        if self.amplified:  # p = K̄ / group size: N/b expected (keyed) or ⌊N/b⌋ (shuffle)
+            group = (self.population / self.min_sep if self.assignment == "keyed"
+                     else self.population // self.min_sep)
+            return self.cohort_size / group
         if self.scheme in ("epochs", "min_sep"):
             return 1.0
         return self.cohort_size / self.population
@@ -120,7 +125,13 @@ class AccountingSpec:
 
     @property
     def neighboring_relation(self) -> str:
-        return "replace_one" if self.scheme == "fixed" else "add_or_remove_one"
+        """``replace_one`` (fixed sampling), ``zero_out`` (shuffle assignment: a new user can
+        displace another) or ``add_or_remove_one`` (Poisson; keyed single/epochs/min_sep)."""
+        if self.scheme == "fixed":
+            return "replace_one"
+        if self.scheme in MF_SCHEMES and self.assignment == "shuffle":
+            return "zero_out"
+        return "add_or_remove_one"
 
     @property
     def sensitivity_in_c(self) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -14,7 +16,9 @@ def clip_vector(v: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]
     """Return ``(clip(v, c), ‖v‖₂)``.
 
     The scale is computed in float64 and shrunk by a few ulps of ``v``'s dtype, so
-    that the result's norm never exceeds ``clip_norm`` after rounding.
+    that the result's norm never exceeds ``clip_norm`` after rounding. A vector that is not
+    finite (a NaN or an infinity anywhere) is mapped to zeros and its norm reported as ``inf``:
+    it contributes nothing, and the caller can count it (:func:`is_finite_norm`).
 
     Parameters
     ----------
@@ -24,8 +28,15 @@ def clip_vector(v: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]
     if clip_norm <= 0:
         raise ValueError("clip_norm must be > 0")
     norm = l2_norm(v)
+    if not math.isfinite(norm) or not bool(torch.isfinite(v).all()):
+        return torch.zeros_like(v), math.inf
     if norm <= clip_norm or norm == 0.0:
         return v, norm
     eps = torch.finfo(v.dtype).eps if v.dtype.is_floating_point else 2.0**-23
     scale = (clip_norm / norm) * (1.0 - 4.0 * eps)
     return v * scale, norm
+
+
+def is_finite_norm(norm: float) -> bool:
+    """Whether :func:`clip_vector` saw a finite vector (it reports ``inf`` for one that was not)."""
+    return math.isfinite(norm)

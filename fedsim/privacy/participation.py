@@ -9,15 +9,27 @@ scheme         who takes part in round ``t``
 =============  ================================================================
 ``poisson``    each user independently with probability ``q = K̄/N``
 ``fixed``      exactly ``K`` users uniformly without replacement
-``single``     a seeded permutation cut into consecutive blocks of ``K``: each
-               user at most once in the run (needs ``n·K ≤ N``)
-``epochs``     users split by a seeded shuffle into ``b`` groups of ``G = ⌊N/b⌋``
-               (the ``N − b·G`` left over never take part); round ``t`` is group
+``single``     each user at most once in the run: user ``i`` is in bucket
+               ``PRF(i) mod B``, ``B = ⌈N/K⌉``, and round ``t`` trains bucket ``t``
+               (``n ≤ B``)
+``epochs``     user ``i`` is in group ``PRF(i) mod b``; round ``t`` trains group
                ``t mod b``; ``n ≤ k·b``
 ``min_sep``    the same groups, so a user's rounds are ``g, g+b, …`` (≤ ``k`` of
                them, ≥ ``b`` apart); optionally Poisson-thinned inside the group at
-               rate ``p = K̄/G`` (amplified banded MF)
+               rate ``p = K̄·b/N`` (amplified banded MF)
 =============  ================================================================
+
+Assignment (``single``, ``epochs``, ``min_sep``) and the neighbouring relation:
+
+- ``keyed`` (default): a user's bucket or group is a keyed pseudo-random function of its own
+  stable id (:func:`fedsim.privacy.rng.prf_mod`), and its Poisson coins too. Adding or removing a
+  user changes no other user's rounds, so the ε holds for **add/remove one user**. Group sizes
+  vary (about Binomial(N, 1/b)); the fixed denominator is the expected size ``K̄ = N/b``
+  (``N/B`` for ``single``) unless ``sampling.cohort_size`` sets another constant.
+- ``shuffle``: a seeded permutation of the users' positions cut into blocks of ``⌊N/b⌋`` (``K``
+  for ``single``; the rest never train). Adding a user shifts the permutation and can push
+  another user out of its slot, so neighbouring runs differ by ``u_x − u_y``: the ε holds only
+  under **zero-out** adjacency (a user's data replaced by one that contributes nothing).
 """
 
 from __future__ import annotations
@@ -27,23 +39,43 @@ from dataclasses import dataclass
 from fedsim.errors import FedsimError
 
 
+ASSIGNMENTS = ("keyed", "shuffle")
+
+
 @dataclass(frozen=True)
 class ParticipationScheme:
-    """Base: ``population`` users and a fixed denominator ``cohort_size`` (``K̄``)."""
+    """Base: ``population`` users and ``cohort_size`` (``K̄``, the expected cohort and fixed
+    denominator; ``K`` for ``fixed`` and ``single``).
+
+    ``assignment``: ``keyed`` or ``shuffle`` (see the module docstring); only the bounded
+    schemes use it."""
 
     population: int
-    cohort_size: int
+    cohort_size: float
+    assignment: str = "keyed"
 
     name = "base"
 
     def __post_init__(self) -> None:
         if self.population < 1:
             raise FedsimError(f"population must be ≥ 1 (got {self.population})")
-        if not 1 <= self.cohort_size <= self.population:
+        if not 0 < self.cohort_size <= self.population:
             raise FedsimError(
-                f"sampling.cohort_size = {self.cohort_size} must be between 1 and the "
+                f"sampling.cohort_size = {self.cohort_size} must be > 0 and at most the "
                 f"population N = {self.population}"
             )
+        if self.assignment not in ASSIGNMENTS:
+            raise FedsimError(f"sampling.assignment = {self.assignment!r}: allowed are {', '.join(ASSIGNMENTS)}")
+
+    @property
+    def expected_cohort(self) -> float:
+        """``K̄``: the fixed denominator of ``ĝ_t`` (a public constant of the mechanism)."""
+        return float(self.cohort_size)
+
+    @property
+    def neighboring_relation(self) -> str:
+        """The relation the accounted ε holds for under this scheme and assignment."""
+        return "add_or_remove_one"
 
     @property
     def sampling_rate(self) -> float:
@@ -65,7 +97,9 @@ class ParticipationScheme:
 
     def describe(self) -> dict:
         return {"scheme": self.name, "population": self.population,
-                "cohort_size": self.cohort_size, "sampling_rate": self.sampling_rate,
+                "cohort_size": self.cohort_size, "expected_cohort": self.expected_cohort,
+                "sampling_rate": self.sampling_rate, "assignment": self.assignment,
+                "neighboring_relation": self.neighboring_relation,
                 "max_participations": self.max_participations, "min_separation": self.min_separation}
 
 
@@ -82,23 +116,41 @@ class FixedScheme(ParticipationScheme):
 
     name = "fixed"
 
+    @property
+    def neighboring_relation(self) -> str:
+        return "replace_one"
+
 
 @dataclass(frozen=True)
 class SingleScheme(ParticipationScheme):
-    """Each user at most once in the run; ``K`` users per round."""
+    """Each user at most once in the run; ``K`` users per round (keyed: ``K̄ = N/⌈N/K⌉`` expected)."""
 
     name = "single"
+
+    @property
+    def buckets(self) -> int:
+        """``B``: keyed buckets ``⌈N/K⌉`` (shuffle: ``⌊N/K⌋`` whole blocks)."""
+        k = int(self.cohort_size)
+        return -(-self.population // k) if self.assignment == "keyed" else self.population // k
+
+    @property
+    def expected_cohort(self) -> float:
+        return self.population / self.buckets if self.assignment == "keyed" else float(int(self.cohort_size))
+
+    @property
+    def neighboring_relation(self) -> str:
+        return "add_or_remove_one" if self.assignment == "keyed" else "zero_out"
 
     @property
     def max_participations(self) -> int:
         return 1
 
     def check_rounds(self, rounds: int) -> None:
-        if rounds * self.cohort_size > self.population:
+        if rounds > self.buckets:
             raise FedsimError(
-                f"sampling.scheme = 'single' needs rounds × cohort_size ≤ N, but "
-                f"{rounds} × {self.cohort_size} = {rounds * self.cohort_size} > {self.population}; "
-                f"lower rounds or sampling.cohort_size"
+                f"sampling.scheme = 'single' has ⌈N/K⌉ = {self.buckets} buckets of users (N = "
+                f"{self.population}, K = sampling.cohort_size = {int(self.cohort_size)}), one per round, but "
+                f"rounds = {rounds}; lower rounds or sampling.cohort_size"
             )
 
 
@@ -127,28 +179,28 @@ class GroupScheme(ParticipationScheme):
             )
         super().__post_init__()
         g = self.group_size
-        if self.poisson_within_group:
-            if self.cohort_size > g:
-                raise FedsimError(
-                    f"sampling.cohort_size = {self.cohort_size} exceeds the group size ⌊N/b⌋ = {g}; "
-                    f"lower sampling.cohort_size or sampling.min_sep"
-                )
-        elif self.cohort_size != g:
+        if self.poisson_within_group and self.cohort_size > g:
             raise FedsimError(
-                f"sampling.scheme = '{self.name}' takes whole groups of ⌊N/b⌋ = {g} users per round; "
-                f"set sampling.cohort_size = {g} (or sampling.poisson_within_group = true to "
-                f"sample {self.cohort_size} per round in expectation)"
+                f"sampling.cohort_size = {self.cohort_size} exceeds the expected group size "
+                f"{'N/b' if self.assignment == 'keyed' else '⌊N/b⌋'} = {g:.4g}, so the thinning rate "
+                f"K̄/group would exceed 1; lower sampling.cohort_size or sampling.min_sep"
             )
 
     @property
-    def group_size(self) -> int:
-        """``G = ⌊N/b⌋`` users per group."""
-        return self.population // self.min_sep
+    def group_size(self) -> float:
+        """Users per group: expected ``N/b`` (keyed; sizes vary) or exactly ``⌊N/b⌋`` (shuffle)."""
+        if self.assignment == "keyed":
+            return self.population / self.min_sep
+        return float(self.population // self.min_sep)
+
+    @property
+    def neighboring_relation(self) -> str:
+        return "add_or_remove_one" if self.assignment == "keyed" else "zero_out"
 
     @property
     def sampling_rate(self) -> float:
-        """``p = K̄/G`` inside the round's group (1 without Poisson thinning)."""
-        return self.cohort_size / self.group_size
+        """``p = K̄/group size`` inside the round's group with Poisson thinning, else 1."""
+        return self.cohort_size / self.group_size if self.poisson_within_group else 1.0
 
     @property
     def max_participations(self) -> int:
@@ -190,29 +242,43 @@ class MinSepScheme(GroupScheme):
 SCHEMES = ("poisson", "fixed", "single", "epochs", "min_sep")
 
 
-def make_scheme(name: str, population: int, cohort_size: int, *, min_sep: int | None = None,
+#: ``K`` of ``poisson``/``fixed``/``single`` when ``sampling.cohort_size`` is not given.
+DEFAULT_COHORT = 40
+
+
+def make_scheme(name: str, population: int, cohort_size: float | None, *, min_sep: int | None = None,
                 max_participations: int | None = None, poisson_within_group: bool = False,
-                rounds: int | None = None) -> ParticipationScheme:
+                rounds: int | None = None, assignment: str = "keyed") -> ParticipationScheme:
     """The scheme called ``name``; with ``rounds``, also checks the sampler can honour it.
 
     Parameters
     ----------
     name : one of ``poisson``, ``fixed``, ``single``, ``epochs``, ``min_sep``.
     population : ``N``.
-    cohort_size : ``K̄`` (for ``epochs``/``min_sep`` without thinning: the group size ``⌊N/b⌋``).
+    cohort_size : ``K̄``; None: :data:`DEFAULT_COHORT` for ``poisson``/``fixed``/``single``, and for
+        ``epochs``/``min_sep`` without thinning the expected group size (``N/b`` keyed, ``⌊N/b⌋``
+        shuffle). Thinned ``min_sep`` needs it.
     min_sep : ``b`` for ``epochs``/``min_sep`` (default: ``rounds`` when given, so ``k = 1``).
     max_participations : ``k`` for ``epochs``/``min_sep`` (default ``⌈rounds/b⌉``).
     poisson_within_group : Poisson thinning inside the group (``min_sep`` only).
     rounds : the run length ``n``.
+    assignment : ``keyed`` (default) or ``shuffle`` for ``single``/``epochs``/``min_sep``.
     """
+    if assignment not in ASSIGNMENTS:
+        raise FedsimError(f"sampling.assignment = {assignment!r}: allowed are {', '.join(ASSIGNMENTS)}")
     if name in ("poisson", "fixed", "single"):
         for key, val in (("sampling.min_sep", min_sep), ("sampling.max_participations", max_participations)):
             if val is not None:
                 raise FedsimError(f"{key} applies to sampling.scheme = 'epochs' or 'min_sep', not '{name}'")
         if poisson_within_group:
             raise FedsimError(f"sampling.poisson_within_group applies to 'min_sep', not '{name}'")
+        k = DEFAULT_COHORT if cohort_size is None else cohort_size
+        if name != "poisson":
+            if k != int(k):
+                raise FedsimError(f"sampling.cohort_size = {cohort_size} must be a whole number for '{name}'")
+            k = int(k)
         scheme: ParticipationScheme = {"poisson": PoissonScheme, "fixed": FixedScheme,
-                                       "single": SingleScheme}[name](population, cohort_size)
+                                       "single": SingleScheme}[name](population, k, assignment)
     elif name in ("epochs", "min_sep"):
         if poisson_within_group and name == "epochs":
             raise FedsimError("sampling.poisson_within_group applies to 'min_sep' only "
@@ -223,7 +289,16 @@ def make_scheme(name: str, population: int, cohort_size: int, *, min_sep: int | 
         k = max_participations if max_participations is not None else (
             -(-rounds // b) if rounds is not None else 1)
         cls = EpochsScheme if name == "epochs" else MinSepScheme
-        scheme = cls(population, cohort_size, min_sep=b, max_part=k, poisson_within_group=poisson_within_group)
+        if b > population:
+            raise FedsimError(f"sampling.min_sep = {b} exceeds the population N = {population}; each of "
+                              f"the b groups needs users: lower sampling.min_sep")
+        if cohort_size is None:
+            if poisson_within_group:
+                raise FedsimError("sampling.poisson_within_group needs sampling.cohort_size = K̄, the expected "
+                                  "users per round (at most N/b)")
+            cohort_size = population / b if assignment == "keyed" else float(population // b)
+        scheme = cls(population, cohort_size, assignment, min_sep=b, max_part=k,
+                     poisson_within_group=poisson_within_group)
     else:
         raise FedsimError(f"sampling.scheme = {name!r}: allowed are {', '.join(SCHEMES)}")
     if rounds is not None:

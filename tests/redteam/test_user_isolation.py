@@ -1,0 +1,139 @@
+"""Red team, findings 2 and 6: one user's data removed other users' updates or halted the run,
+and a float64 reply could put NaN into the sum. The attacks, written to fail now."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+
+from clients.faults import HostileUsers, make_hostile_user_app
+from fedsim import protocol
+from fedsim.aggregation import UpdateAggregator
+from fedsim.config import load_config
+from fedsim.data.synthetic import SyntheticClassification
+from fedsim.error_feedback import ClientStateStore
+from fedsim.models import make_model
+from fedsim.privacy.clipping import clip_vector
+from fedsim.training import LocalTraining, train_users, train_users_ef
+from fedsim.vectorized import train_users_vectorized
+
+SPEC = LocalTraining(epochs=1, batch_size=4, lr=0.5, max_examples=8, clip_norm=1.0)
+HUGE, RAISES, A, B = 0, 1, 2, 3
+
+
+def _setup():
+    data = SyntheticClassification(6, 8, 5, 3, seed=0)
+    model = make_model("logreg", data.model_dims(), seed=0)
+    x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    return data, model, x0
+
+
+def test_clip_of_a_nonfinite_vector_is_zero():
+    for bad in (torch.tensor([1.0, float("nan")]), torch.tensor([float("inf"), 0.0]),
+                torch.tensor([3e38, 3e38], dtype=torch.float32) * 10):
+        out, norm = clip_vector(bad, 1.0)
+        assert torch.equal(out, torch.zeros_like(bad)) and norm == float("inf")
+
+
+@pytest.mark.parametrize("path", ["sequential", "vectorized"])
+def test_a_hostile_user_leaves_the_other_users_contributions_unchanged(path):
+    data, model, x0 = _setup()
+    hostile = HostileUsers(data, {HUGE: "huge_features", RAISES: "raise"})
+    if path == "sequential":
+        total, res = train_users(model, x0, hostile, [HUGE, RAISES, A, B], 0, 0, SPEC)
+        clean, _ = train_users(model, x0, data, [A, B], 0, 0, SPEC)
+        assert torch.equal(total, clean)  # bit for bit
+    else:
+        total, res = train_users_vectorized(model, x0, hostile, [HUGE, RAISES, A, B], 0, 0, SPEC)
+        clean, _ = train_users_vectorized(model, x0, data, [A, B], 0, 0, SPEC)
+        torch.testing.assert_close(total, clean, rtol=1e-5, atol=1e-7)  # batching rounds, no more
+    assert torch.isfinite(total).all() and total.dtype == torch.float32
+    by = {r.user: r for r in res}
+    assert by[HUGE].nonfinite and not by[HUGE].failed
+    assert by[RAISES].failed and not by[RAISES].nonfinite
+    assert by[A].ok and by[B].ok
+
+
+def test_error_feedback_users_are_isolated_and_keep_their_state():
+    data, model, x0 = _setup()
+    hostile = HostileUsers(data, {HUGE: "huge_features", RAISES: "raise"})
+    e = {u: torch.full((x0.numel(),), 0.01) for u in (HUGE, RAISES, A, B)}
+    total, res, states = train_users_ef(model, x0, hostile, [HUGE, RAISES, A, B], 0, 0, SPEC, "client", 1.0, e)
+    clean, _, clean_states = train_users_ef(model, x0, data, [A, B], 0, 0, SPEC, "client", 1.0,
+                                            {u: e[u] for u in (A, B)})
+    assert torch.equal(total, clean)
+    assert torch.equal(states[HUGE], e[HUGE]) and torch.equal(states[RAISES], e[RAISES])
+    assert torch.equal(states[A], clean_states[A])
+    total, _, residual = train_users_ef(model, x0, hostile, [HUGE, RAISES, A, B], 0, 0, SPEC, "server", 1.0)
+    _, _, clean_residual = train_users_ef(model, x0, data, [A, B], 0, 0, SPEC, "server", 1.0)
+    assert torch.equal(residual, clean_residual) and torch.isfinite(residual).all()
+
+
+def test_a_float64_reply_that_overflows_float32_is_dropped_not_summed():
+    agg = UpdateAggregator(4, clip_norm=1.0)
+    assert agg.add(np.array([1e39, 0, 0, 0], dtype=np.float64), users=2) == "nonfinite"
+    assert agg.add(np.array([0.5, 0, 0, 0], dtype=np.float64), users=1) is None
+    assert torch.isfinite(agg.total).all() and agg.total.tolist() == [0.5, 0, 0, 0]
+    assert agg.accepted_users == 1 and agg.dropped_users == 2
+    store = ClientStateStore(4, 10, 1.0)
+    assert not store.valid(np.array([1e39, 0, 0, 0]))
+    assert store.valid(np.array([1.0, 0, 0, 0]))
+
+
+def _reply(strategy, node, users, residual):
+    content = RecordDict({
+        protocol.ARRAYS: ArrayRecord({protocol.UPDATE_SUM: Array(np.zeros(strategy.aggregator.dim, np.float32)),
+                                      protocol.RESIDUAL_SUM: Array(residual)}),
+        protocol.METRICS: MetricRecord({"user_ids": users, "user_loss": [0.0] * len(users),
+                                        "user_examples": [1] * len(users), "num_clipped": 0})})
+    return content
+
+
+def test_a_residual_sum_that_overflows_float32_is_bad_state():
+    from fedsim.engine import task_identity
+    from strategies.user_dp import UserLevelDPStrategy
+
+    with task_identity():
+        _check_residual(UserLevelDPStrategy)
+
+
+def _check_residual(UserLevelDPStrategy):
+    strategy = UserLevelDPStrategy.__new__(UserLevelDPStrategy)
+    strategy.ef_mode = "server"
+    strategy.aggregator = UpdateAggregator(3, clip_norm=1.0)
+    msg = Message(_reply(strategy, 1, [0], np.array([1e39, 0, 0], dtype=np.float64)), dst_node_id=1,
+                  message_type="train")
+    assert strategy._extract_ef(msg, [0]) is None
+    ok = Message(_reply(strategy, 1, [0], np.array([1.0, 0, 0], dtype=np.float64)), dst_node_id=1,
+                 message_type="train")
+    assert strategy._extract_ef(ok, [0]).dtype == np.float32
+
+
+@pytest.mark.e2e
+def test_hostile_users_in_a_real_multi_worker_run(tmp_path):
+    """3 Ray workers, every user in every round (fixed K = N = 9): one user's features ×1e38,
+    one user whose data raises. Every reply is accepted, the other 7 users' updates count, the
+    run completes with the default min_valid_replies."""
+    from fedsim.simulation import run_experiment
+
+    cfg = load_config(None, [
+        "rounds=2", "data.name='synthetic'", "model.name='logreg'", "data.num_clients=9",
+        "data.samples_per_user=8", "data.num_features=5", "data.num_classes=3", "sampling.scheme='fixed'",
+        "sampling.cohort_size=9", "privacy.mechanism='gaussian'", "privacy.noise_multiplier=1.0",
+        "client.max_examples=8", "client.batch_size=4", "eval.every=1", "sim.num_workers=3",
+        "sim.engine='ray'"])
+    out = tmp_path / "run"
+    summary = run_experiment(cfg, out, progress=False, client_app=make_hostile_user_app(
+        {HUGE: "huge_features", RAISES: "raise"}))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert summary["rounds_completed"] == 2
+    for r in rows:
+        assert r["cohort_size"] == 9 and r["dropped_replies"] == 0 and r["dropped_updates"] == 0
+        assert r["failed_users"] == 1 and r["nonfinite_users"] == 1
+        assert r["accepted_updates"] == 9  # every reply accepted; the two hostile users sent zero
+        assert np.isfinite(r["train_loss"]) and r["eval_failed_users"] == 2
+        assert np.isfinite(r["eval_accuracy"])
