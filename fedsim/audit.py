@@ -536,6 +536,7 @@ def run_audit(cfg: Any, out_dir: str | Path | None = None, num_canaries: int = D
         "epsilon_interval": stats["epsilon_interval"],
         "confidence": stats["confidence"],
         "ledger_epsilon": eps if isinstance(eps, str) else float(eps),
+        "neighboring_relation": summary.get("neighboring_relation"),
         "delta": run_delta,
         "num_canaries": m,
         "null_model": stats["null_model"],

@@ -42,6 +42,12 @@ def _offline_env() -> None:
         os.environ.setdefault(k, v)
 
 
+def _relation(name: object) -> str:
+    from fedsim.privacy.accounting import RELATION_LABELS
+
+    return RELATION_LABELS.get(str(name), str(name))
+
+
 @app.command()
 def run(config: ConfigArg = None, set_: SetOpt = None,
         out: Annotated[Optional[Path], typer.Option("--out", help="Run folder (default runs/<timestamp>-<name>).")] = None,
@@ -77,8 +83,8 @@ def run(config: ConfigArg = None, set_: SetOpt = None,
         f"done: {summary['rounds_completed']} rounds, eval accuracy "
         f"{'–' if acc is None else f'{100 * acc:.2f}%'}"
         f"{'' if base is None else f' (most frequent char {100 * base:.2f}%)'}, "
-        f"ε = {eps if isinstance(eps, str) else f'{eps:.3f}'} at δ = {summary['delta']:.3g}, "
-        f"{summary['wall_seconds']:.0f} s"
+        f"ε = {eps if isinstance(eps, str) else f'{eps:.3f}'} at δ = {summary['delta']:.3g} "
+        f"({_relation(summary.get('neighboring_relation'))}), {summary['wall_seconds']:.0f} s"
     )
     for k, v in (summary.get("final_eval_metrics") or {}).items():
         if k != "eval_accuracy":
@@ -117,7 +123,8 @@ def privacy(config: ConfigArg = None, set_: SetOpt = None,
         typer.echo(f"{report['mechanism']} noise, {report['scheme']} sampling (q = {report['sampling_rate']:.4g}), "
                    f"N = {population}, {report['rounds']} rounds, z = {report['noise_multiplier']:.4g}: "
                    f"ε = {eps if isinstance(eps, str) else f'{eps:.4f}'} at δ = {report['delta']:.3g} "
-                   f"({report['accountant']} accountant, {report['neighboring_relation']} adjacency)")
+                   f"for {_relation(report['neighboring_relation'])} ({report['accountant']} accountant, "
+                   f"{report['neighboring_relation']} adjacency, K̄ = {report['cohort_size']:.4g})")
         split = report.get("budget_split")
         if split:
             typer.echo(f"adaptive clipping takes a share: the update's noise multiplier is "
@@ -426,7 +433,8 @@ def audit(config: ConfigArg = None, set_: SetOpt = None,
     lo, hi = rep["epsilon_interval"]
     typer.echo(
         f"audit: ε estimate {fmt(rep['epsilon_estimate'])} ({100 * rep['confidence']:.0f}% interval "
-        f"{fmt(lo)} to {fmt(hi)}) vs the ledger's ε = {fmt(rep['ledger_epsilon'])} at δ = {rep['delta']:.3g}; "
+        f"{fmt(lo)} to {fmt(hi)}) vs the ledger's ε = {fmt(rep['ledger_epsilon'])} at δ = {rep['delta']:.3g} "
+        f"({_relation(rep.get('neighboring_relation'))}); "
         f"{rep['num_canaries']} canaries, d = {rep['dimension']:,}, final model only. "
         f"An estimate, not a strict lower bound: see {Path(rep['run_dir']) / 'audit.json'}"
     )

@@ -71,8 +71,11 @@ class ProgressLine:
     On a terminal the line is redrawn in place; otherwise one line per round is printed.
     """
 
-    def __init__(self, total_rounds: int, stream: TextIO | None = None, enabled: bool = True) -> None:
+    def __init__(self, total_rounds: int, stream: TextIO | None = None, enabled: bool = True,
+                 relation: str = "") -> None:
         self.total = total_rounds
+        #: the neighbouring relation printed next to ε (e.g. ``add/remove one user``)
+        self.relation = relation
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
@@ -87,7 +90,8 @@ class ProgressLine:
         stats = ("" if "train_loss" not in row else
                  f"train loss {_fmt(row.get('train_loss'), '.4f')}  eval acc {_fmt(acc, '.2f')}%  ")
         text = (f"round {row['round']:>{len(str(self.total))}}/{self.total}  {stats}"
-                f"ε {_fmt(row.get('epsilon'), '.3f')}  ({row.get('seconds', 0):.1f} s)")
+                f"ε {_fmt(row.get('epsilon'), '.3f')}{f' ({self.relation})' if self.relation else ''}  "
+                f"({row.get('seconds', 0):.1f} s)")
         if self.tty:
             self.stream.write("\r\033[K" + text)
             if row["round"] >= self.total:

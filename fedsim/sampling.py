@@ -44,17 +44,16 @@ class CohortSampler(ABC):
     ----------
     scheme : the participation scheme (also read by the accountant).
     seed : the sampling :class:`~fedsim.privacy.rng.PrivacyKey` (an int is taken as a config seed).
-    user_ids : each user's stable id (its name), indexed like the population; default
-        ``"0" … "N−1"``. Keyed assignment depends on these, never on the index.
+    user_ids : each present user's stable id (its name), indexed like the data; default
+        ``"0" … "N−1"``. Keyed assignment depends on these, never on the index. The scheme's
+        constants (``N``, ``K̄``, ``q``, ``b``, ``B``) are public parameters fixed before the run; a
+        neighbouring dataset with one user more or less is sampled with the same constants.
     """
 
     def __init__(self, scheme: ParticipationScheme, seed: PrivacyKey | int,
                  user_ids: Sequence[str] | None = None) -> None:
         self.scheme = scheme
         self.key = PrivacyKey.of(seed)
-        n = scheme.population
-        if user_ids is not None and len(user_ids) != n:
-            raise FedsimError(f"the sampler got {len(user_ids)} user ids for a population of {n}")
         self._ids = user_ids
         self._tags: np.ndarray | None = None
 
@@ -68,7 +67,7 @@ class CohortSampler(ABC):
 
     def _positions_permutation(self, label: str) -> np.ndarray:
         """A keyed random permutation of the positions ``0..N−1`` (shuffle assignment)."""
-        pos = np.arange(self.scheme.population, dtype=np.uint64)
+        pos = np.arange(len(self.tags), dtype=np.uint64)
         return np.argsort(prf_u64(self.key.derive(label), pos, 0), kind="stable")
 
     @abstractmethod
@@ -150,14 +149,15 @@ class GroupSampler(CohortSampler):
         if self._group is None:
             scheme = self.scheme
             assert isinstance(scheme, GroupScheme)
-            b, n = scheme.min_sep, scheme.population
+            b, n = scheme.min_sep, len(self.tags)
             if scheme.assignment == "keyed":
                 self._group = prf_mod(self.key.derive("group"), self.tags, 0, b)
             else:
-                size = n // b
+                size = scheme.population // b  # the public group size ⌊N/b⌋
                 g = np.full(n, -1, dtype=np.int64)
                 perm = self._positions_permutation("group-shuffle")
-                g[perm[: b * size]] = np.repeat(np.arange(b), size)
+                m = min(n, b * size)
+                g[perm[:m]] = np.repeat(np.arange(b), size)[:m]
                 self._group = g
         return self._group
 

@@ -36,7 +36,13 @@ from fedsim.errors import FedsimError
 from fedsim.metrics import SIDE_STATISTICS_NOTE, MetricsWriter, ProgressLine, public_row
 from fedsim.models import make_model, num_parameters
 from fedsim.optim import make_optimizer
-from fedsim.privacy.accounting import AccountingSpec, calibrate_noise_multiplier, default_delta, epsilon
+from fedsim.privacy.accounting import (
+    RELATION_LABELS,
+    AccountingSpec,
+    calibrate_noise_multiplier,
+    default_delta,
+    epsilon,
+)
 from fedsim.privacy.ledger import Ledger
 from fedsim.privacy.mechanisms import MFPlan, make_noise, plan_mf
 from fedsim.privacy.participation import GroupScheme, ParticipationScheme, make_scheme
@@ -144,6 +150,7 @@ def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
         "scheme": spec.scheme,
         "cohort_size": spec.cohort_size,
         "neighboring_relation": spec.neighboring_relation,
+        "assignment": spec.assignment,
         "sensitivity_in_c": spec.sensitivity_in_c,
     }
 
@@ -495,7 +502,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
                 state["last_eval"] = row["eval_accuracy"]
                 state["last_eval_metrics"] = eval_metrics(row)
     writer = MetricsWriter(out / "metrics.jsonl")
-    line = ProgressLine(cfg.rounds, enabled=progress)
+    line = ProgressLine(cfg.rounds, enabled=progress, relation=RELATION_LABELS[spec.neighboring_relation])
 
     def write_ledger() -> None:
         tmp = out / ".ledger.json.tmp"
@@ -553,7 +560,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     backend_config = {"client_resources": {"num_cpus": cfg.sim.client_cpus, "num_gpus": gpus}, "init_args": init_args}
     if progress:
         print(f"fedsim: {cfg.name}: {pop} users, {prep.num_params:,} parameters, {cfg.rounds} rounds, "
-              f"{spec.mechanism} noise z = {spec.noise_multiplier:.4g}, δ = {spec.delta:.3g}, "
+              f"{spec.mechanism} noise z = {spec.noise_multiplier:.4g}, δ = {spec.delta:.3g}, ε for "
+              f"{RELATION_LABELS[spec.neighboring_relation]} ({spec.scheme} sampling, K̄ = {spec.cohort_size:.4g}), "
               f"{n_workers} {'SuperNodes' if deployment is not None else 'Ray workers' if engine == 'ray' else 'in-process workers'}"
               f" → {out}", flush=True)
         for note in notes:
@@ -597,6 +605,8 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         "unit": cfg.privacy.unit,
         "example_epsilon_max": None if ledger.silo is None else ledger.silo.max_epsilon,
         "notes": notes,
+        "neighboring_relation": spec.neighboring_relation,
+        "assignment": spec.assignment,
         "mechanism": spec.mechanism,
         "scheme": spec.scheme,
         "sensitivity": noise.sensitivity,

@@ -48,6 +48,11 @@ MF_SCHEMES = ("single", "epochs", "min_sep")
 PLD_DISCRETIZATION = 1e-4
 
 
+#: How each neighbouring relation is printed next to an ε.
+RELATION_LABELS = {"add_or_remove_one": "add/remove one user", "replace_one": "replace one user",
+                   "zero_out": "zero-out of one user"}
+
+
 def default_delta(population: int) -> float:
     """δ = 1 / N^1.1 (smaller than 1/N, as is customary)."""
     return 1.0 / float(population) ** 1.1
