@@ -15,8 +15,17 @@ mechanism's state is set to the size it has at round ``t``.
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/noise.py --json [--quick]
+    OMP_NUM_THREADS=1 python benchmarks/noise.py --rng [--reps 15]
 
 ``--quick`` uses d = 405,075 (a tenth) and rounds 1 and 256.
+
+``--rng`` measures the keyed CSPRNG against torch's generator at d = 4,050,748 on one thread, in
+one process with the three interleaved in every repetition (so machine load hits all alike):
+``torch.randn`` (float32, Mersenne Twister — what fedsim used before), the AES-256-CTR keystream
+alone (``rng.random_words``, 8 bytes per normal) and ``rng.gaussians`` (keystream + float64
+Box–Muller + cast). It prints the medians, the ratio gaussians/randn (target ≤ 6) and the share
+of one Stack Overflow LSTM round (the floor's per-round time in
+``benchmarks/throughput_results_so_lstm.json``; target ≤ 3 %).
 """
 
 from __future__ import annotations
@@ -89,13 +98,51 @@ def child(mechanism: str, d: int, t: int, n: int, bands: int) -> dict:
             "peak_extra_in_d_floats": (peak - base) * 1024 * 1024 / (4 * d)}
 
 
+def rng_benchmark(d: int, reps: int) -> dict:
+    """Medians (ms) of torch.randn, the AES-CTR keystream and rng.gaussians, interleaved."""
+    import statistics
+    from pathlib import Path
+
+    import torch
+
+    from fedsim.privacy.rng import PrivacyKey, gaussians, random_words
+
+    torch.set_num_threads(1)
+    key = PrivacyKey.from_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    times: dict[str, list[float]] = {"torch_randn": [], "aes_ctr_keystream": [], "rng_gaussians": []}
+    for r in range(reps + 1):
+        for name, fn in (("torch_randn", lambda: torch.randn(d, generator=gen)),
+                         ("aes_ctr_keystream", lambda: random_words(key.derive("w", r), d)),
+                         ("rng_gaussians", lambda: gaussians(key.derive("g", r), d))):
+            t0 = time.perf_counter()
+            fn()
+            if r:  # the first repetition warms up
+                times[name].append(1e3 * (time.perf_counter() - t0))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out = {"d": d, "reps": reps, **{f"{k}_ms": v for k, v in med.items()},
+           "ratio_gaussians_to_randn": med["rng_gaussians"] / med["torch_randn"]}
+    res = Path(__file__).with_name("throughput_results_so_lstm.json")
+    if res.exists():
+        floor = [r for r in json.loads(res.read_text()) if r.get("system") == "floor"]
+        if floor:
+            out["so_lstm_round_s"] = floor[0]["per_round_s"]
+            out["share_of_so_lstm_round"] = med["rng_gaussians"] / 1e3 / floor[0]["per_round_s"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--bands", type=int, default=64)
     ap.add_argument("--child", nargs=3, metavar=("MECH", "D", "T"))
+    ap.add_argument("--rng", action="store_true", help="the CSPRNG against torch.randn (see above)")
+    ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
+    if args.rng:
+        print(json.dumps(rng_benchmark(D_FULL // 10 if args.quick else D_FULL, args.reps), indent=1))
+        return
     n = 2048
     if args.child:
         mech, d, t = args.child
