@@ -54,22 +54,25 @@ def run(config: ConfigArg = None, set_: SetOpt = None,
         resume: Annotated[Optional[Path], typer.Option(
             "--resume", help="Continue the run in this folder from its checkpoint (bit-identical).")] = None,
         force: Annotated[Optional[list[str]], typer.Option(
-            "--force", help="With --resume: a key that may differ from the run's config (sim.*, "
-                            "checkpoint.*, eval.every only; repeatable).")] = None,
+            "--force", help="With --resume: a key that may differ from the run's checkpoint: sim.*, "
+                            "checkpoint.*, eval.*, name, privacy.account_every, and rounds (to grow, "
+                            "Gaussian noise only). Repeatable.")] = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress line.")] = False) -> None:
     """Train an experiment in Flower's simulation engine on Ray and write its run folder.
 
     CONFIG is an experiment TOML (default: experiments/shakespeare_default.toml).
     """
     _offline_env()
-    from fedsim.simulation import check_resume_config, run_experiment
+    from fedsim.simulation import run_experiment
 
     if resume is not None:
+        from fedsim.resume import resume_config
+
         if out is not None:
             raise FedsimError("--resume DIR writes into DIR; drop --out")
-        stored = load_config(resume / "config.toml")
-        cfg = load_config(config if config is not None else resume / "config.toml", set_ or [])
-        check_resume_config(stored, cfg, force or [])
+        if not resume.is_dir():
+            raise FedsimError(f"--resume {resume}: no such run folder")
+        cfg = resume_config(resume, config, set_ or [], force or [])
         summary = run_experiment(cfg, resume, progress=not quiet, resume=True)
     else:
         if force:
@@ -112,7 +115,10 @@ def privacy(config: ConfigArg = None, set_: SetOpt = None,
     if population is None:
         from fedsim.data import DataSpec, load_federated
 
+        from fedsim.simulation import note_max_users
+
         population = load_federated(DataSpec.from_config(cfg.data)).population
+        note_max_users(cfg, population)
     if population < 1:
         raise FedsimError("--population must be ≥ 1")
     report = privacy_report(cfg, population)
@@ -136,16 +142,9 @@ def privacy(config: ConfigArg = None, set_: SetOpt = None,
 
 
 def _load_with_target(config: Optional[Path], overrides: list[str], target: float):
-    from fedsim.config import apply_overrides, config_from_dict
-    import tomllib
+    from fedsim.config import apply_overrides, config_from_dict, read_config_file
 
-    path = config if config is not None else DEFAULT_EXPERIMENT
-    try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FedsimError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise FedsimError(f"config file {path} is not valid TOML: {e}") from None
+    raw = read_config_file(Path(config if config is not None else DEFAULT_EXPERIMENT))
     raw = apply_overrides(raw, overrides)
     priv = raw.setdefault("privacy", {})
     if not isinstance(priv, dict):
@@ -202,6 +201,11 @@ def factorize(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Compute a factorization and print its sensitivity and errors (units of (c·z)²)."""
+    from fedsim.resources import check_factorization_fits
+
+    if rounds < 1:
+        raise FedsimError("--rounds must be ≥ 1")
+    check_factorization_fits(mechanism, rounds, device)  # first: refuses in well under a second
     import time
 
     import numpy as np
@@ -305,8 +309,15 @@ def show(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackover
     """One client's examples in stored order: the six raw fields and, for NWP, ``ids``, ``x``, ``y``
     (TFF's preprocessing), for tags ``x`` (length W) and ``y`` (length T)."""
     _so_name(name)
+    if limit is not None and limit < 1:
+        raise FedsimError(f"--limit {limit}: give a positive number of examples (omit --limit for all)")
     if not client:
-        raise FedsimError("--client ID is required (the opaque client id; see `fedsim data stats`)")
+        from fedsim.data.stackoverflow.database import StackOverflowDB
+        from fedsim.data.stackoverflow.files import sqlite_path
+
+        first = StackOverflowDB(sqlite_path(root)).clients(split)[:5]
+        raise FedsimError(f"--client ID is required: an opaque client id of split {split!r}, e.g. "
+                          f"{', '.join(map(repr, first)) or '(the split is empty)'}")
     from fedsim.data.stackoverflow.database import StackOverflowDB
     from fedsim.data.stackoverflow.example_proto import decode_example
     from fedsim.data.stackoverflow.files import TAG_COUNT, WORD_COUNT, count_file, sqlite_path
@@ -391,6 +402,9 @@ def synth(name: Annotated[str, typer.Argument(help="stackoverflow")],
     for trying the pipeline and for CI. It is not real text."""
     if name != "stackoverflow":
         raise FedsimError(f"dataset {name!r}: `fedsim data synth` knows 'stackoverflow'")
+    for opt, val in (("--users", users), ("--per-user", per_user), ("--vocab", vocab), ("--tags", tags)):
+        if not val > 0 or val != val or val == float("inf"):
+            raise FedsimError(f"{opt} {val}: must be a positive number")
     from fedsim.data.stackoverflow.synthetic import generate
 
     generate(out, users=users, per_user=per_user, vocab=vocab, tags=tags, seed=seed)
@@ -460,10 +474,20 @@ def certs(out: Annotated[Path, typer.Option("--out", help="Empty folder for the 
     typer.echo(json.dumps(made) if as_json else "\n".join(f"{k}: {', '.join(v)}" for k, v in made.items()))
 
 
+_DATA_COMMANDS = ("describe", "show", "stats", "prepare", "synth")
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the Typer app, turning :class:`FedsimError` into a clean message."""
+    """Entry point, with one error contract: a user-caused failure is one ``fedsim: error: …``
+    line on stderr and exit status 2 (:class:`FedsimError`, command-line usage errors, and the
+    operating system refusing a path or memory the user asked for); anything else is a bug, shown
+    with its traceback and a line asking to report it, exit status 1."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    # `fedsim data CONFIG …` means `fedsim data describe CONFIG …` (README's `fedsim data [describe] [CONFIG]`)
+    if len(args) > 1 and args[0] == "data" and not args[1].startswith("-") and args[1] not in _DATA_COMMANDS:
+        args.insert(1, "describe")
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=args, standalone_mode=False)
     except FedsimError as e:
         print(f"fedsim: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -472,13 +496,26 @@ def main(argv: list[str] | None = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         print("fedsim: aborted", file=sys.stderr)
         sys.exit(130)
-    except Exception as e:  # click usage errors
+    except MemoryError:
+        print("fedsim: error: out of memory; lower the sizes in the command (rounds, users, model) or use a "
+              "machine with more memory", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # a path the user gave: unwritable, missing, a folder, a full disk
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        print(f"fedsim: error: {e.strerror or e}{where}; check the paths in the command", file=sys.stderr)
+        sys.exit(2)
+    except Exception as e:  # click usage errors; everything else is a bug
         import click
 
         if isinstance(e, click.ClickException):
             e.show()
             sys.exit(e.exit_code)
-        raise
+        import traceback
+
+        traceback.print_exc()
+        print("fedsim: internal error: this is a bug in fedsim, not in your input; please report it with the "
+              "command you ran and the traceback above", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

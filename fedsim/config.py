@@ -250,6 +250,9 @@ class PrivacyConfig(_Section):
     example_clip_norm : ``unit = "example"``: per-sample gradient clip norm. Default 1.0.
     example_delta : ``unit = "example"``: δ of each silo's guarantee (default
         ``1/n_max^1.1`` with ``n_max`` the largest silo's training-set size).
+    delta_reason : δ must be below ``1/N`` (a δ of ``1/N`` allows leaking one user's data
+        outright); a larger ``delta`` is refused unless this key says why, in words (recorded in
+        the config). Default unset.
     allow_no_guarantee : run a configuration that has no finite ε (today: server-side error
         feedback, ``client.error_feedback = "server"``) as a non-private research mode; every
         output then says ε = ∞. Default False (such configurations are refused).
@@ -281,6 +284,7 @@ class PrivacyConfig(_Section):
     example_noise_multiplier: float | None = Field(default=None, gt=0, le=1e3)
     example_clip_norm: float = Field(default=1.0, gt=0)
     example_delta: float | None = Field(default=None, gt=0, lt=1)
+    delta_reason: str | None = Field(default=None, min_length=1)
     allow_no_guarantee: bool = False
     publish_side_statistics: bool = True
 
@@ -632,13 +636,40 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Load a config from TOML (default: the bundled default experiment) and apply
     ``--set`` overrides. Raises :class:`FedsimError` naming every bad key."""
     p = Path(path) if path is not None else DEFAULT_EXPERIMENT
+    raw = read_config_file(p)
+    if not raw and path is not None:
+        raise FedsimError(f"config file {p} is empty; give the experiment's keys, or omit CONFIG to run the "
+                          f"bundled default experiment")
+    return config_from_dict(apply_overrides(raw, overrides or []))
+
+
+def read_config_file(p: Path) -> dict[str, Any]:
+    """The raw TOML table of config file ``p``; every way it can be unreadable is a
+    :class:`FedsimError` naming the file (missing, a folder, a device, binary, not UTF-8, not TOML)."""
+    import stat as _stat
+
     try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        st = p.stat()
     except FileNotFoundError:
         raise FedsimError(f"config file not found: {p}; pass an existing .toml file") from None
+    except OSError as e:
+        raise FedsimError(f"config file {p}: {e.strerror}") from None
+    if _stat.S_ISDIR(st.st_mode):
+        raise FedsimError(f"config {p} is a folder; pass a .toml file")
+    if not _stat.S_ISREG(st.st_mode):
+        raise FedsimError(f"config {p} is not a regular file; pass a .toml file")
+    if st.st_size > 10 * 2**20:
+        raise FedsimError(f"config file {p} is {st.st_size / 2**20:.0f} MiB; a config is a small .toml file")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise FedsimError(f"config file {p} is not UTF-8 text (a binary file?); pass a .toml file") from None
+    except OSError as e:
+        raise FedsimError(f"config file {p}: {e.strerror}") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise FedsimError(f"config file {p} is not valid TOML: {e}") from None
-    return config_from_dict(apply_overrides(raw, overrides or []))
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:

@@ -50,6 +50,7 @@ from fedsim.privacy.rng import PrivacyKey
 from fedsim.sampling import make_sampler
 from fedsim.seeding import derive_seed
 from fedsim.server import DPServer
+from fedsim.resume import privacy_digest
 from fedsim.training import LocalTraining
 
 
@@ -66,6 +67,15 @@ def scheme_of(cfg: Config, population: int) -> ParticipationScheme:
                        assignment=s.assignment)
 
 
+def note_max_users(cfg: Config, population: int) -> None:
+    """Say (on stderr) when ``data.max_users`` exceeds the dataset's users, instead of clamping silently."""
+    if cfg.data.max_users is not None and cfg.data.max_users > population:
+        import sys
+
+        print(f"fedsim: note: data.max_users = {cfg.data.max_users} exceeds the {population} users of "
+              f"{cfg.data.name}; using all {population}", file=sys.stderr, flush=True)
+
+
 def resolve_privacy(cfg: Config, population: int) -> AccountingSpec:
     """The accounting spec of ``cfg`` for a population of ``population`` users:
     δ defaulted to ``1/N^1.1`` and ``z`` calibrated when a target ε is given."""
@@ -73,6 +83,10 @@ def resolve_privacy(cfg: Config, population: int) -> AccountingSpec:
     scheme = scheme_of(cfg, population)
     p = cfg.privacy
     delta = p.delta if p.delta is not None else default_delta(population)
+    if delta >= 1.0 / population and not p.delta_reason:
+        raise FedsimError(f"privacy.delta = {delta:g} is not below 1/N = {1.0 / population:.3g}: a δ that large allows "
+                          f"releasing one user's data outright. Lower it (the default is 1/N^1.1 = "
+                          f"{default_delta(population):.3g}), or say why in privacy.delta_reason = \"…\"")
     amplified = isinstance(scheme, GroupScheme) and scheme.poisson_within_group
     spec = AccountingSpec(mechanism=p.mechanism, scheme=cfg.sampling.scheme, population=population,
                           cohort_size=scheme.expected_cohort, noise_multiplier=p.noise_multiplier or 0.0,
@@ -226,6 +240,7 @@ def prepare(cfg: Config, extra_users: int = 0, data: FederatedData | None = None
     """
     if data is None:
         data = load_federated(DataSpec.from_config(cfg.data))
+        note_max_users(cfg, data.population)
     spec = resolve_privacy(cfg, data.population + extra_users)
     scheme = scheme_of(cfg, data.population + extra_users)
     z_update, split = resolve_clipping(cfg, spec, scheme)
@@ -303,33 +318,6 @@ def make_server_optimizer(cfg: Config, noise_std: float | Any, plan: MFPlan | No
                           noise_variance=phi, gamma_frac=s.gamma_frac)
 
 
-#: Config sections/keys that may change on ``--resume --force``; nothing privacy-relevant.
-RESUME_MUTABLE_PREFIXES = ("sim.", "checkpoint.", "eval.every")
-
-
-def check_resume_config(stored: Config, requested: Config, force: list[str]) -> None:
-    """Refuse a resume whose config differs from the run's, except keys named in ``force``
-    that are not privacy-relevant (only ``sim.*``, ``checkpoint.*``, ``eval.every``)."""
-    def flat(d: dict, prefix: str = "") -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            key = f"{prefix}{k}"
-            out.update(flat(v, key + ".") if isinstance(v, dict) else {key: v})
-        return out
-
-    a, b = flat(stored.model_dump(mode="json")), flat(requested.model_dump(mode="json"))
-    changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not
-                     (k == "privacy.delta" and b.get(k) is None))
-    for key in changed:
-        if key not in force:
-            raise FedsimError(f"--resume: {key} differs from the run's config.toml "
-                              f"({a.get(key)!r} → {b.get(key)!r}); pass --force {key} to allow it "
-                              f"(only {', '.join(RESUME_MUTABLE_PREFIXES)} may change)")
-        if not key.startswith(RESUME_MUTABLE_PREFIXES):
-            raise FedsimError(f"--resume: {key} cannot change on resume (it affects privacy or the "
-                              f"training trajectory); start a new run instead")
-
-
 def _truncate_lines(path: Path, keep: int) -> list[dict[str, Any]]:
     lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()] if path.exists() else []
     if len(lines) < keep:
@@ -353,9 +341,10 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
     client_app : the Flower ClientApp to run (default ``clients.client_app.app``; tests
         pass a fault-injecting one).
     resume : continue the run in ``out_dir`` from its checkpoint (the caller has checked
-        the config with :func:`check_resume_config`). Rows of ``metrics.jsonl`` after the
+        the config with :func:`fedsim.resume.resume_config`; ε comes from the checkpoint's spec). Rows of ``metrics.jsonl`` after the
         checkpoint are discarded and recomputed; the result is bit-identical to an
-        uninterrupted run.
+        uninterrupted run. The caller has checked the config against the checkpoint
+        (:func:`fedsim.resume.resume_config`); ε is computed from the checkpoint's spec.
     synthetic : optional simulated users (``count`` of them, ids ``N..N+count−1``, with
         ``update_sum``), e.g. the audit's canaries; they are sampled and accounted as part of
         the population (see :class:`strategies.user_dp.UserLevelDPStrategy`). Before the run,
@@ -367,19 +356,36 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         but the checkpoint's state).
 
     Returns the summary dict (also written to ``summary.json``).
+
+    The run folder is checked and locked (:mod:`fedsim.runfolder`) before any data is loaded; a
+    second process on the same folder is refused with the holder's PID.
     """
+    from fedsim.runfolder import RunFolderLock, prepare_out_dir
+
     t_start = time.perf_counter()
-    prep = prepare(cfg, extra_users=0 if synthetic is None else int(synthetic.count),
-                   data=None if deployment is None else deployment.data)
-    data, spec = prep.data, prep.spec
-    out = Path(out_dir) if out_dir is not None else default_run_dir(cfg)
+    out = prepare_out_dir(Path(out_dir) if out_dir is not None else default_run_dir(cfg))
+    with RunFolderLock(out):
+        if not resume and (out / "metrics.jsonl").exists():
+            raise FedsimError(f"run folder {out} already holds a run; choose another --out or --resume it")
+        return _run_locked(cfg, out, t_start, progress, client_app, resume, synthetic, deployment)
+
+
+def _run_locked(cfg: Config, out: Path, t_start: float, progress: bool, client_app: Any, resume: bool,
+                synthetic: Any, deployment: Any) -> dict[str, Any]:
+    """:func:`run_experiment` once the run folder ``out`` is checked and locked."""
+    ckpt: dict[str, Any] = {}
     if resume:
         from fedsim.checkpoint import load_checkpoint
+        from fedsim.resume import checkpointed_spec
 
         ckpt = load_checkpoint(out / "checkpoint")
-    elif (out / "metrics.jsonl").exists():
-        raise FedsimError(f"run folder {out} already holds a run; choose another --out or --resume it")
-    out.mkdir(parents=True, exist_ok=True)
+        resumed_spec = checkpointed_spec(ckpt, out)
+    prep = prepare(cfg, extra_users=0 if synthetic is None else int(synthetic.count),
+                   data=None if deployment is None else deployment.data)
+    if resume:  # ε always comes from the spec the run started with, never from an edited file
+        z_update, split = resolve_clipping(cfg, resumed_spec, prep.scheme)
+        prep = replace(prep, spec=resumed_spec, update_noise_multiplier=z_update, budget_split=split)
+    data, spec = prep.data, prep.spec
 
     resolved = cfg.model_copy(deep=True)
     resolved.privacy.delta = spec.delta
@@ -489,6 +495,7 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
                 and row[k] is not None}
     if resume:
         server.load_state_dict(ckpt["server"])
+        ledger.planned_rounds = cfg.rounds  # a Gaussian run may have been extended (fedsim.resume)
         sampler.load_state_dict(ckpt["sampler"])
         if client_store is not None:
             client_store.load_state_dict(ckpt["client_state"])
@@ -517,7 +524,9 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         r = row["round"]
         if r % cfg.checkpoint.every == 0 or r == cfg.rounds:
             save_checkpoint(out / "checkpoint", {
-                "format": "fedsim.checkpoint/1",
+                "format": "fedsim.checkpoint/2",
+                "spec": spec.to_dict(),
+                "privacy_digest": privacy_digest(resolved),
                 "server": server.state_dict(),
                 "sampler": sampler.state_dict(),
                 "client_state": None if client_store is None else client_store.state_dict(),

@@ -33,6 +33,9 @@ VARIANTS = {
     "ef-blt-doppler": ["client.error_feedback='client'", "sampling.scheme='epochs'", "sampling.min_sep=3",
                        "sampling.cohort_size=8", "privacy.mechanism='blt'", "filter.name='doppler'",
                        "server.optimizer='sgd'"],
+    # banded MF noise (its ring of the last b − 1 rows) under keyed min_sep with Poisson thinning
+    "banded-min-sep": ["sampling.scheme='min_sep'", "sampling.min_sep=3", "sampling.poisson_within_group=true",
+                       "sampling.cohort_size=6", "privacy.mechanism='banded'", "privacy.bands=3"],
 }
 
 
@@ -97,12 +100,12 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, variant):
 
 def test_resume_refuses_privacy_relevant_changes(tmp_path):
     from fedsim.config import load_config
-    from fedsim.simulation import check_resume_config
+    from fedsim.resume import check_resume
 
     stored = load_config(None, SETTINGS)
     with pytest.raises(FedsimError, match="client.clip_norm"):
-        check_resume_config(stored, load_config(None, SETTINGS + ["client.clip_norm=2.0"]), [])
+        check_resume(stored, load_config(None, SETTINGS + ["client.clip_norm=2.0"]), [], "--set")
     with pytest.raises(FedsimError, match="cannot change"):
-        check_resume_config(stored, load_config(None, SETTINGS + ["privacy.noise_multiplier=0.5"]),
-                            ["privacy.noise_multiplier"])
-    check_resume_config(stored, load_config(None, SETTINGS + ["sim.num_workers=1"]), ["sim.num_workers"])
+        check_resume(stored, load_config(None, SETTINGS + ["privacy.noise_multiplier=0.5"]),
+                     ["privacy.noise_multiplier"], "--set")
+    check_resume(stored, load_config(None, SETTINGS + ["sim.num_workers=1"]), ["sim.num_workers"], "--set")

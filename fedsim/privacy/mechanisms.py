@@ -106,6 +106,9 @@ def plan_mf(mechanism: str, scheme: ParticipationScheme, rounds: int, *, workloa
     """
     if mechanism not in MF_MECHANISMS:
         raise FedsimError(f"{mechanism!r} is not one of {', '.join(MF_MECHANISMS)}")
+    from fedsim.resources import check_factorization_fits
+
+    check_factorization_fits(mechanism, rounds, factorize_device)  # before any n×n allocation
     A = workload_matrix(workload, rounds, momentum)
     C, M, info = _strategy(mechanism, A, scheme, bands=bands, buffers=buffers, tau=tau,
                            objective=objective, tree_estimator=tree_estimator, device=factorize_device)
