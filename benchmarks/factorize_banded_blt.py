@@ -1,4 +1,4 @@
-"""Time the banded and BLT optimisers (ALGORITHMS.md section 3) on the prefix-sum workload.
+"""Time the banded and BLT optimisers (docs/algorithms.md §3) on the prefix-sum workload.
 
 Prints one JSON object per line:
 ``{"mechanism", "n", "bands" | "buffers", "seconds", "iterations", "loss", ...}``.

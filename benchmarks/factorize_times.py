@@ -1,4 +1,4 @@
-"""Wall time of building each factorization (ALGORITHMS.md section 3).
+"""Wall time of building each factorization (docs/algorithms.md §3).
 
 Prints one JSON row per (mechanism, n): ``{mechanism, n, seconds, iterations, loss}``
 (``loss`` at single-participation sensitivity, prefix-sum workload). The disk cache is

@@ -3,7 +3,7 @@
 Part A — the one-dimensional Huber example of paper ``003_…`` Appendix B.1, exactly:
 ``f(x, ξ)`` is the Huber loss with threshold ``C' = ⌈C⌉ + 1``, ``N = C' + 1`` samples at
 ``ξ = −1`` (``C'`` times) and ``ξ = C'`` (once), per-sample clip ``C``. The minimiser is
-``x* = 0``; clipped GD stalls at ``x̃ = C/C' − 1`` (ALGORITHMS.md's corrected fixed point).
+``x* = 0``; clipped GD stalls at ``x̃ = C/C' − 1`` (docs/algorithms.md's corrected fixed point).
 Full participation, no noise, gradient step ``η``.
 
 Part B — a federated version with heterogeneous users and DP noise, run through fedsim's
@@ -92,7 +92,7 @@ def part_b(mode: str, seed: int, rounds: int, n_users: int = 1000, k_bar: int = 
            c2_factor: float = 1.0) -> tuple[float, float, list[float]]:
     rng = np.random.default_rng(1234)  # the population is the same for every seed
     xi = np.where(rng.random(n_users) < 0.1, 9.0, -1.0)
-    # server error feedback has no guarantee (ε = ∞, ALGORITHMS.md §8): its spec says so
+    # server error feedback has no guarantee (ε = ∞, docs/algorithms.md §8): its spec says so
     spec = AccountingSpec("gaussian", "poisson", n_users, k_bar, z, 1.0 / n_users**1.1,
                           no_guarantee=mode == "server")
     sampler = make_sampler(make_scheme("poisson", n_users, k_bar), seed)

@@ -1,4 +1,4 @@
-"""Server-side guard and running sum of client replies (ALGORITHMS.md section 1, step 2–3).
+"""Server-side guard and running sum of client replies (docs/algorithms.md §1, step 2–3).
 
 A reply whose error-feedback payload (client states or residual sum) is missing or
 malformed is dropped as ``bad_state``. These are node-level protocol faults: fedsim's own client

@@ -7,7 +7,7 @@ applied to the raw TOML table first and validated together with it.
 
 Conventions: learning rates are unitless step sizes; ``clip_norm`` is an L2 norm
 on the whole flattened model delta; ``cohort_size`` is the expected cohort
-``K̄`` (the fixed denominator of ALGORITHMS.md section 1).
+``K̄`` (the fixed denominator of docs/algorithms.md §1).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class ClientConfig(_Section):
     clip_norm : ``c``, L2 bound on each user's flattened model delta. Default 1.0.
     max_examples : at most this many training samples per user per epoch, drawn
         without replacement with a seed derived from (seed, round, user). Default 64.
-    error_feedback : clipping error feedback (DiceSGD; ALGORITHMS.md section 8): ``none``
+    error_feedback : clipping error feedback (DiceSGD; docs/algorithms.md §8): ``none``
         (default), ``client`` (each user keeps its clipping error across participations and
         sends ``clip(Δ, c₁) + clip(e, c₂)``; the noise then scales with ``c₁ + c₂``) or
         ``server`` (NO PRIVACY GUARANTEE: the paper's Algorithm 2; residuals reach the server
@@ -158,7 +158,7 @@ class ClientConfig(_Section):
 
 
 class ClippingConfig(_Section):
-    """Adaptive clipping to a target quantile (Andrew et al. 2021; ALGORITHMS.md section 5).
+    """Adaptive clipping to a target quantile (Andrew et al. 2021; docs/algorithms.md §5).
 
     ``client.clip_norm`` is the first round's ``c_0``; with ``adaptive`` the server moves
     ``c_t`` towards the ``target_quantile`` of the users' delta norms, from a noisy count
@@ -180,7 +180,7 @@ class ClippingConfig(_Section):
 
 
 class SamplingConfig(_Section):
-    """Participation scheme (ALGORITHMS.md section 2; :mod:`fedsim.privacy.participation`).
+    """Participation scheme (docs/algorithms.md §2; :mod:`fedsim.privacy.participation`).
 
     Parameters
     ----------
@@ -328,7 +328,7 @@ class PrivacyConfig(_Section):
 
 
 class FilterConfig(_Section):
-    """Server-side filter of the noisy mean update ``ĝ_t`` (ALGORITHMS.md section 6);
+    """Server-side filter of the noisy mean update ``ĝ_t`` (docs/algorithms.md §6);
     post-processing, so ε is unchanged.
 
     Parameters

@@ -2,7 +2,7 @@
 
 Given ``U_t`` (the guarded sum of clipped updates), round ``t`` computes
 ``ĝ_t = (U_t + c·z·sens·n_t) / K̄`` and steps the server optimizer on the
-pseudo-gradient ``−ĝ_t`` (ALGORITHMS.md section 1, steps 4–5). ``K̄`` is the
+pseudo-gradient ``−ĝ_t`` (docs/algorithms.md §1, steps 4–5). ``K̄`` is the
 expected cohort size, never the realised count. Everything after the noise is
 post-processing.
 """
@@ -162,7 +162,7 @@ class DPServer:
 def noise_variance_fn(noise_std: float | Callable[[int], float], expected_cohort: float,
                       noising: np.ndarray | None, impulse: np.ndarray | None) -> Callable[[int], float]:
     """``Φ_t``: the exact per-coordinate variance of the DP noise inside the (filtered)
-    update of round ``t`` (ALGORITHMS.md section 7), for DP-AdamBC.
+    update of round ``t`` (docs/algorithms.md §7), for DP-AdamBC.
 
     The noise in ``ĝ_t`` is ``(c·z·sens/K̄)·n_t`` with ``n = M·Z``; a linear per-coordinate
     filter with impulse response ``H`` turns it into ``(c·z·sens/K̄)·(H·M·Z)_t``, whose

@@ -146,7 +146,7 @@ def local_delta(model: nn.Module, x0: torch.Tensor, data: FederatedData, user: i
 
 @dataclass(frozen=True)
 class DiskClient:
-    """DiSK's client side (ALGORITHMS.md section 6): where to evaluate and how to mix.
+    """DiSK's client side (docs/algorithms.md §6): where to evaluate and how to mix.
 
     Parameters
     ----------

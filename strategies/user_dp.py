@@ -1,6 +1,6 @@
 """The user-level DP strategy on Flower's Message API.
 
-Round ``t`` (ALGORITHMS.md section 1): the sampler picks ``S_t`` from the
+Round ``t`` (docs/algorithms.md §1): the sampler picks ``S_t`` from the
 participation scheme; users are assigned to worker nodes by expected cost and
 each node gets one message with the global parameters and its users; each reply
 (the sum of that node's users' clipped updates) is validated and re-clipped by

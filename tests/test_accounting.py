@@ -1,4 +1,4 @@
-"""Privacy accounting (ALGORITHMS.md section 4) against independent dp-accounting
+"""Privacy accounting (docs/algorithms.md §4) against independent dp-accounting
 computations written out here, a closed form for the un-subsampled Gaussian, and
 the ledger's self-reproducibility."""
 

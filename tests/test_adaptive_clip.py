@@ -1,4 +1,4 @@
-"""Adaptive clipping (ALGORITHMS.md section 5): budget split, controller, Φ_t, a Ray run."""
+"""Adaptive clipping (docs/algorithms.md §5): budget split, controller, Φ_t, a Ray run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Banded and BLT factorizations (ALGORITHMS.md section 3): structure, optimality, sensitivity, streaming."""
+"""Banded and BLT factorizations (docs/algorithms.md §3): structure, optimality, sensitivity, streaming."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def prefix_sum(n: int) -> np.ndarray:
 
 
 def momentum_workload(n: int, beta: float = 0.9, lr: np.ndarray | None = None) -> np.ndarray:
-    """``A[t, j] = Σ_{s=j..t} η_s β^{s−j}`` (ALGORITHMS.md section 3)."""
+    """``A[t, j] = Σ_{s=j..t} η_s β^{s−j}`` (docs/algorithms.md §3)."""
     eta = np.ones(n) if lr is None else lr
     A = np.zeros((n, n))
     for j in range(n):
@@ -68,7 +68,7 @@ def psd_sqrt(M: np.ndarray) -> np.ndarray:
 
 
 def dense_optimum_loss(A: np.ndarray, tol: float = 1e-15, max_iter: int = 200_000) -> float:
-    """``dense`` (ALGORITHMS.md): fixed point ``v ← diag((V^½ W V^½)^½)``, then ``tr(W X⁻¹)``."""
+    """``dense`` (docs/algorithms.md): fixed point ``v ← diag((V^½ W V^½)^½)``, then ``tr(W X⁻¹)``."""
     W = A.T @ A
     v = np.ones(A.shape[0])
     for _ in range(max_iter):

@@ -1,4 +1,4 @@
-"""Flat L2 clipping and the streaming noise mechanisms (ALGORITHMS.md sections 1 and 3)."""
+"""Flat L2 clipping and the streaming noise mechanisms (docs/algorithms.md sections 1 and 3)."""
 
 from __future__ import annotations
 

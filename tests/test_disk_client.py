@@ -1,4 +1,4 @@
-"""DiSK's client evaluation (ALGORITHMS.md section 6): two points, same batches, mix before clip."""
+"""DiSK's client evaluation (docs/algorithms.md §6): two points, same batches, mix before clip."""
 
 from __future__ import annotations
 

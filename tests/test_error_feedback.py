@@ -1,4 +1,4 @@
-"""Clipping error feedback (ALGORITHMS.md section 8): the Huber example, states, refusals."""
+"""Clipping error feedback (docs/algorithms.md §8): the Huber example, states, refusals."""
 
 from __future__ import annotations
 

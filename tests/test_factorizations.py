@@ -1,4 +1,4 @@
-"""Matrix factorizations and workloads (ALGORITHMS.md sections 3 and 9)."""
+"""Matrix factorizations and workloads (docs/algorithms.md sections 3 and 9)."""
 
 from __future__ import annotations
 

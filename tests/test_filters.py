@@ -1,4 +1,4 @@
-"""Server-side filters (ALGORITHMS.md sections 6 and 9): DOPPLER = lfilter + normalisation,
+"""Server-side filters (docs/algorithms.md sections 6 and 9): DOPPLER = lfilter + normalisation,
 constant in / constant out, white-noise variance gain, impulse responses, EMA, DiSK, resume."""
 
 from __future__ import annotations

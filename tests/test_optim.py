@@ -1,4 +1,4 @@
-"""Server optimizers against steps written out by hand in plain Python (ALGORITHMS.md section 7)."""
+"""Server optimizers against steps written out by hand in plain Python (docs/algorithms.md §7)."""
 
 from __future__ import annotations
 

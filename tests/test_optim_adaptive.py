@@ -1,4 +1,4 @@
-"""Yogi and DP-AdamBC server optimizers (ALGORITHMS.md sections 7 and 9)."""
+"""Yogi and DP-AdamBC server optimizers (docs/algorithms.md sections 7 and 9)."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def test_yogi_state_dict_round_trip():
     assert torch.equal(xa, xb)
 
 
-# --- AdamBC: statistical checks (ALGORITHMS.md section 9) --------------------------------
+# --- AdamBC: statistical checks (docs/algorithms.md §9) --------------------------------
 
 def _pure_noise_run(phi: Callable[[int], float], steps: int, d: int = 200_000, b2: float = 0.99):
     """All clients send zeros: g_t = N(0, Φ_t) per coordinate."""

@@ -291,7 +291,7 @@ def test_ablation_label_falls_back_to_the_differing_keys(tmp_path: Path) -> None
 
 def test_psd_of_filtered_white_noise_has_the_filter_gain(tmp_path: Path) -> None:
     """White noise through DOPPLER first_order_v1: the PSD after / before integrates to the
-    white-noise variance gain Σκ² = 0.0909 (ALGORITHMS.md §9); the low frequencies pass."""
+    white-noise variance gain Σκ² = 0.0909 (docs/algorithms.md §9); the low frequencies pass."""
     import numpy as np
     import torch
 

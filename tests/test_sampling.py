@@ -1,4 +1,4 @@
-"""Cohort samplers honour their participation scheme (ALGORITHMS.md section 2).
+"""Cohort samplers honour their participation scheme (docs/algorithms.md §2).
 
 All statistical checks run on fixed seeds (so they are deterministic) with
 tolerances of 4-5 standard errors derived from the sampling distribution."""

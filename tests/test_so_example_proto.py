@@ -1,4 +1,4 @@
-"""The pure-Python tf.train.Example decoder for Stack Overflow rows (STACKOVERFLOW_FORMAT.md A3)."""
+"""The pure-Python tf.train.Example decoder for Stack Overflow rows (docs/stackoverflow_format.md A3)."""
 
 from __future__ import annotations
 

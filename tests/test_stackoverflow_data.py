@@ -1,4 +1,4 @@
-"""Stack Overflow data layer on hand-built fixtures (STACKOVERFLOW_FORMAT.md A1–A6)."""
+"""Stack Overflow data layer on hand-built fixtures (docs/stackoverflow_format.md A1–A6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Server-side filters of the noisy mean update ``ĝ_t`` (ALGORITHMS.md section 6).
+"""Server-side filters of the noisy mean update ``ĝ_t`` (docs/algorithms.md §6).
 
 Use :func:`make_filter`; every filter has ``step(update)``, ``impulse_response(n)``,
 ``variance_gain(n)``, ``variance_gain_row(t)``, ``state_dict()`` and ``load_state_dict()``.

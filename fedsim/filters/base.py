@@ -1,4 +1,4 @@
-"""The common interface of server-side filters (ALGORITHMS.md section 6).
+"""The common interface of server-side filters (docs/algorithms.md §6).
 
 A filter post-processes the stream of noisy mean updates ``ĝ_0, ĝ_1, …`` one round at a
 time, independently per coordinate. Every filter here is linear, so its whole effect on

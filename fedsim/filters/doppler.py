@@ -1,5 +1,5 @@
 """DOPPLER: a low-pass IIR filter of the noisy updates (paper ``001_…``, Algorithm 2;
-ALGORITHMS.md section 6).
+docs/algorithms.md §6).
 
 Per coordinate, with all histories starting at zero::
 
@@ -24,7 +24,7 @@ from scipy.signal import lfilter
 from fedsim.errors import FedsimError
 from fedsim.filters.base import Filter, _check_update
 
-#: Presets of ALGORITHMS.md section 6 (paper Tables 2 and 4): name -> (b, a), ``a`` without the leading 1.
+#: Presets of docs/algorithms.md §6 (paper Tables 2 and 4): name -> (b, a), ``a`` without the leading 1.
 PRESETS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "momentum": ((0.1,), (-0.9,)),
     "first_order_v1": ((1 / 11, 1 / 11), (-9 / 11,)),

@@ -9,7 +9,7 @@ mean model delta) and updates the flat parameters in place:
   with bias correction ``m̂ = m/(1−β1^{t+1})``, ``v̂ = v/(1−β2^{t+1})`` (else m̂ = m, v̂ = v);
   ``x ← x − η m̂ / (√v̂ + τ)``   (FedAdam; τ = ``eps``)
 - ``yogi``:     as ``adam`` but ``v ← v − (1−β2) g² sign(v − g²)``, ``v_{−1} = τ²``   (FedYogi)
-- ``adambc``:   DP-AdamBC (ALGORITHMS.md section 7): ``φ_t = β2 φ_{t−1} + (1−β2) Φ_t``;
+- ``adambc``:   DP-AdamBC (docs/algorithms.md §7): ``φ_t = β2 φ_{t−1} + (1−β2) Φ_t``;
   ``v̂ = max((v_t − φ_t)/(1−β2^{t+1}), γ′_t)``; ``x ← x − η m̂ / √v̂`` (no additive ε)
 
 All are post-processing of the DP release: they never change ε.
@@ -181,7 +181,7 @@ GAMMA_FLOOR_MIN = 1e-30
 
 
 class AdamBC(ServerOptimizer):
-    """DP-AdamBC (paper ``002_…``, Algorithm 1; ALGORITHMS.md section 7).
+    """DP-AdamBC (paper ``002_…``, Algorithm 1; docs/algorithms.md §7).
 
     With ``Φ_t = noise_variance(t)`` (``t`` = 0-based step index)::
 

@@ -1,6 +1,6 @@
 """fedsim.privacy — the DP core: pure functions and small stateful objects, no Flower.
 
-Notation (ALGORITHMS.md; names in code follow the right-hand column):
+Notation (docs/algorithms.md; names in code follow the right-hand column):
 
 =====================  ==========================  ==========================================
 math                   code                        meaning

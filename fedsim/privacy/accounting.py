@@ -1,4 +1,4 @@
-"""Privacy accounting with ``dp-accounting`` (ALGORITHMS.md section 4).
+"""Privacy accounting with ``dp-accounting`` (docs/algorithms.md §4).
 
 Sensitivity: dp-accounting's noise multiplier is the noise std divided by the L2
 sensitivity of the released sum *under the event's adjacency*. Under add/remove-one

@@ -1,4 +1,4 @@
-"""Adaptive clipping to a target quantile (Andrew et al. 2021; ALGORITHMS.md section 5).
+"""Adaptive clipping to a target quantile (Andrew et al. 2021; docs/algorithms.md §5).
 
 Each sampled user ``i`` reports whether its delta fitted under the current clip norm,
 centred: ``b_i − ½`` with ``b_i = 1[‖Δ_i‖ ≤ c_t]``. The centred bit has sensitivity ½

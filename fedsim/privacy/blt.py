@@ -1,4 +1,4 @@
-"""Buffered linear Toeplitz (BLT) factorizations (ALGORITHMS.md section 3, family ``blt``).
+"""Buffered linear Toeplitz (BLT) factorizations (docs/algorithms.md §3, family ``blt``).
 
 A BLT strategy with ``m`` buffers (McMahan et al. 2024, "Efficient and
 near-optimal noise generation for streaming differential privacy"; Dvijotham et
@@ -48,7 +48,7 @@ Sensitivity (:func:`blt_sensitivity_squared`), ``X = CᵀC``:
   ``j`` is column 0 truncated).
 * ``min_sep (k, b)``, at most ``k`` participations at least ``b`` apart: when
   ``c_k ≥ 0`` for all ``k`` and ``c_1 ≥ c_2 ≥ …`` (true for ``θ ∈ [0, 1)``,
-  ``ω ≥ 0``), ``X ≥ 0`` elementwise and ALGORITHMS.md's
+  ``ω ≥ 0``), ``X ≥ 0`` elementwise and docs/algorithms.md's
   ``sens² = max_π Σ_{i,j∈π} X[i, j]`` is attained by ``π* = {0, b, 2b, …, (p−1)b}``
   with ``p = min(k, ⌈n/b⌉)``. Proof: ``X[u, v] = Σ_{s=0}^{n−1−max(u,v)} c_s c_{s+|u−v|}``.
   Take any allowed ``π = {j_1 < … < j_q}``; then ``q ≤ p`` and ``j_i ≥ (i−1)b``. Map

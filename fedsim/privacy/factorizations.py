@@ -1,6 +1,6 @@
 """Matrix factorizations ``A = B·C`` for correlated (MF-DP-FTRL) noise.
 
-ALGORITHMS.md section 3 is the specification. A workload ``A`` (``n×n``,
+docs/algorithms.md §3 is the specification. A workload ``A`` (``n×n``,
 lower-triangular, see :mod:`fedsim.privacy.workloads`) is factorized into a strategy
 (encoder) ``C`` and a decoder ``B`` with ``B·C = A``. The server adds
 ``c · z · sens(C) · n_t`` to round ``t``'s summed update, where ``n_t`` is row ``t`` of
@@ -15,7 +15,7 @@ Families (all satisfy ``B·C = A`` to ~1e-12 relative; tests demand 1e-8):
   ``online`` (dyadic decomposition) or ``full`` (least squares, ``B = S·H⁺``) estimator.
 - :func:`sqrt_toeplitz` — ``C = S^{1/2}``, Toeplitz with ``r_k = binom(2k, k)/4^k``.
 - :func:`dense` — the optimum of ``‖B‖_F`` under single participation (Denisov et al.
-  2022) by the fixed-point iteration of ALGORITHMS.md.
+  2022) by the fixed-point iteration of docs/algorithms.md.
 - :func:`dpmf_plus` — DP-MF+ (paper ``004_…``, section 5): ``dense`` for ``Λ_τ·A``,
   then ``B = A·C⁻¹``.
 
@@ -531,7 +531,7 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000,
 
 
 def lambda_matrix(n: int, tau: int | None = None) -> np.ndarray:
-    """DP-MF+'s weighting ``Λ_τ`` (ALGORITHMS.md section 3; paper ``004_…``, appendix B).
+    """DP-MF+'s weighting ``Λ_τ`` (docs/algorithms.md §3; paper ``004_…``, appendix B).
 
     With 1-indexed ``t``: for ``t mod τ ≠ 0``, ``λ[t,t] = 1/√τ`` and, if ``t > τ``,
     ``λ[t, ⌊t/τ⌋τ] = −1/√τ``; for ``t mod τ = 0``, ``λ[t,t] = 1`` and, if ``t > τ``,
@@ -738,7 +738,7 @@ def make_factorization(
     Parameters
     ----------
     mechanism : {"identity", "tree", "sqrt", "dense", "dpmf_plus"}
-        The factorization family (ALGORITHMS.md section 3).
+        The factorization family (docs/algorithms.md §3).
     A : np.ndarray
         The ``n×n`` lower-triangular workload (:func:`fedsim.privacy.workloads.make_workload`).
         ``"tree"`` uses only ``n`` and requires ``A`` to be the prefix sum.

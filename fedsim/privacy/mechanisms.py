@@ -154,7 +154,7 @@ def make_noise(mechanism: str, dim: int, seed: int, device: str | torch.device,
 
 
 def factorization_quality(plan: MFPlan, A: np.ndarray) -> dict[str, float]:
-    """``loss``, ``max_error``, ``final_error`` of ALGORITHMS.md §3, in units of ``(c·z)²``:
+    """``loss``, ``max_error``, ``final_error`` of docs/algorithms.md §3, in units of ``(c·z)²``:
     ``sens²·‖B‖_F²``, ``sens²·max_t‖B[t,:]‖²``, ``sens²·‖B[n−1,:]‖²`` with ``B = A·M``
     (``M = A⁻¹B``, the noising matrix)."""
     B = A @ plan.noising

@@ -1,7 +1,7 @@
 """Noise mechanisms behind one interface: ``row(t)`` is the standardized noise of round ``t``.
 
 The server adds ``c · z · sensitivity · row(t)`` to the summed clipped updates
-(ALGORITHMS.md section 1, step 4). For independent Gaussian noise ``row(t) = ξ_t``
+(docs/algorithms.md §1, step 4). For independent Gaussian noise ``row(t) = ξ_t``
 and ``sensitivity = 1``; correlated (matrix-factorization) mechanisms return row
 ``t`` of ``C⁻¹Z`` and their ``sens(C)``.
 

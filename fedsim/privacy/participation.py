@@ -1,4 +1,4 @@
-"""Participation schemes (ALGORITHMS.md section 2).
+"""Participation schemes (docs/algorithms.md §2).
 
 One scheme object is read by the sampler (which users take part in round ``t``),
 by the sensitivity computation (which participation patterns are possible) and by

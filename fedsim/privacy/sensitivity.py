@@ -1,4 +1,4 @@
-"""Sensitivity ``sens(C)`` of a strategy matrix under a participation scheme (ALGORITHMS.md §3).
+"""Sensitivity ``sens(C)`` of a strategy matrix under a participation scheme (docs/algorithms.md §3).
 
 One user contributes a vector of norm ≤ 1 (in units of ``c``) in each round it
 takes part in; with participation pattern ``π`` the change of ``C·G`` is
@@ -14,7 +14,7 @@ takes part in; with participation pattern ``π`` the change of ``C·G`` is
   has at most ``b`` bands, ``X[i,j] = 0`` for ``|i − j| ≥ b`` and the cross terms
   vanish: ``sens² = max_π Σ_{i∈π} ‖C[:, i]‖²``, found exactly by dynamic programming
   over positions (it equals ``k·max_j‖C[:,j]‖²`` when columns are normalised and
-  ``k·b ≤ n`` — the ALGORITHMS.md formula). For a general ``C`` with non-negative
+  ``k·b ≤ n`` — the docs/algorithms.md formula). For a general ``C`` with non-negative
   ``X``: exact by enumeration when the number of patterns is small, otherwise the
   upper bound ``max_π Σ_{i∈π} (X[i,i] + top_{k−1}{X[i,j] : |i−j| ≥ b})`` (each term
   of the pattern sum is bounded by its row's best admissible partners), maximised

@@ -1,4 +1,4 @@
-"""Workload matrices ``A`` for matrix-factorization noise (ALGORITHMS.md section 3).
+"""Workload matrices ``A`` for matrix-factorization noise (docs/algorithms.md §3).
 
 A workload says what the server optimizer does with the stream of noisy
 pseudo-gradients ``ĝ_0..ĝ_{n-1}``: row ``t`` of ``A·G`` is the (negated) model

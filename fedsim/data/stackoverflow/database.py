@@ -1,4 +1,4 @@
-"""Reading TFF's ``stackoverflow.sqlite`` (STACKOVERFLOW_FORMAT.md A2) without loading it.
+"""Reading TFF's ``stackoverflow.sqlite`` (docs/stackoverflow_format.md A2) without loading it.
 
 - The database is opened read-only; the tables ``examples`` (columns ``split_name``,
   ``client_id``, ``serialized_example_proto``) and ``client_metadata`` (``client_id``,

@@ -1,7 +1,7 @@
 """A pure-Python ``tf.train.Example`` decoder (and test encoder) for Stack Overflow rows.
 
 Every row of TFF's ``stackoverflow.sqlite`` holds one serialized ``tf.train.Example``
-(``shared/datasets/STACKOVERFLOW_FORMAT.md`` A3). This module reads it without TensorFlow
+(``docs/stackoverflow_format.md`` A3). This module reads it without TensorFlow
 or the ``protobuf`` package.
 
 Wire format (proto3, ``tensorflow/core/example/{example,feature}.proto``)::

@@ -2,7 +2,7 @@
 
 TensorFlow's ``tf.strings.to_hash_bucket_fast`` is ``Fingerprint64(s) mod k``; TFF's
 ``StaticVocabularyTable`` uses it to put an out-of-vocabulary word into one of ``k`` OOV
-buckets (STACKOVERFLOW_FORMAT.md A5). Reproducing it is what lets ``data.num_oov_buckets > 1``
+buckets (docs/stackoverflow_format.md A5). Reproducing it is what lets ``data.num_oov_buckets > 1``
 give TFF's ids without TensorFlow. Checked against published FarmHash test vectors
 (``tests/test_so_farmhash.py``), for lengths 0 to 445 bytes, covering every branch.
 """

@@ -1,4 +1,4 @@
-"""The Stack Overflow files as downloaded from TFF, without TensorFlow (STACKOVERFLOW_FORMAT.md A1).
+"""The Stack Overflow files as downloaded from TFF, without TensorFlow (docs/stackoverflow_format.md A1).
 
 A data folder (``data.root``) holds, as downloaded or extracted:
 

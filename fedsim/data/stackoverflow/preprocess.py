@@ -1,5 +1,5 @@
 """Next-word and tag prediction preprocessing and metrics, on bytes, as TFF does
-(STACKOVERFLOW_FORMAT.md A5, A6).
+(docs/stackoverflow_format.md A5, A6).
 
 Next-word prediction, with ``V = len(vocab)``, ``k`` OOV buckets and sequence length ``L``:
 ``words = tokens.split(b' ')`` (empty words kept, like ``tf.strings.split(sep=' ')``), keep

@@ -1,4 +1,4 @@
-"""Vocabularies from TFF's count files (STACKOVERFLOW_FORMAT.md A4).
+"""Vocabularies from TFF's count files (docs/stackoverflow_format.md A4).
 
 - ``stackoverflow.word_count``: one ``word<whitespace>count`` line per word, most frequent
   first. File order is kept (ties included); reading stops once ``vocab_size`` distinct words
