@@ -1,4 +1,4 @@
-"""DP-AdamBC's second-moment check (paper ``002_…`` Table 2, in miniature; issue 4 experiment 2).
+"""DP-AdamBC's second-moment check (the DP-AdamBC paper (Tang et al.) Table 2, in miniature; issue 4 experiment 2).
 
 A federated least-squares problem whose coordinates have very different scales (where Adam
 matters), run through fedsim's own server pieces (:class:`fedsim.server.DPServer`'s noisy mean

@@ -1,6 +1,6 @@
 """DiceSGD's clipping bias, and whether error feedback removes it (issue 4, experiment 3).
 
-Part A — the one-dimensional Huber example of paper ``003_…`` Appendix B.1, exactly:
+Part A — the one-dimensional Huber example of the DiceSGD paper (Zhang et al.) Appendix B.1, exactly:
 ``f(x, ξ)`` is the Huber loss with threshold ``C' = ⌈C⌉ + 1``, ``N = C' + 1`` samples at
 ``ξ = −1`` (``C'`` times) and ``ξ = C'`` (once), per-sample clip ``C``. The minimiser is
 ``x* = 0``; clipped GD stalls at ``x̃ = C/C' − 1`` (docs/algorithms.md's corrected fixed point).

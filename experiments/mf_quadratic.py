@@ -1,4 +1,4 @@
-"""DP-MF vs DP-MF+ (vs DP-SGD) on the random quadratic of Koloskova et al. (paper ``004_…``).
+"""DP-MF vs DP-MF+ (vs DP-SGD) on the random quadratic of Koloskova et al. (Koloskova et al. 2023).
 
 Experiment (b) of the "MF-DP-FTRL" issue: section 6.1 / appendix H.1 of "Gradient Descent
 with Linearly Correlated Noise" (Koloskova, McKenna, Charles, Rush, McMahan, 2023).

@@ -1,4 +1,4 @@
-"""Clipping error feedback (DiceSGD, paper ``003_…``; docs/algorithms.md §8).
+"""Clipping error feedback (DiceSGD, the DiceSGD paper (Zhang et al.); docs/algorithms.md §8).
 
 ``client`` (privacy-standard): user ``i`` keeps ``e_i`` across its participations and sends
 ``u_i = clip(Δ_i, c₁) + clip(e_i, c₂)``, then ``e_i ← e_i + Δ_i − u_i``. ``‖u_i‖ ≤ c₁ + c₂``,

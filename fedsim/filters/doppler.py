@@ -1,4 +1,4 @@
-"""DOPPLER: a low-pass IIR filter of the noisy updates (paper ``001_…``, Algorithm 2;
+"""DOPPLER: a low-pass IIR filter of the noisy updates (the DOPPLER paper (Zhang et al.), Algorithm 2;
 docs/algorithms.md §6).
 
 Per coordinate, with all histories starting at zero::

@@ -1,4 +1,4 @@
-"""EMA filter and the DiSK server side (paper ``000_…``, Algorithm 3; docs/algorithms.md §6).
+"""EMA filter and the DiSK server side (the DiSK paper (Zhang et al.), Algorithm 3; docs/algorithms.md §6).
 
 Both run the same server recursion on the noisy mean update::
 

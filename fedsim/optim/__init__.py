@@ -181,7 +181,7 @@ GAMMA_FLOOR_MIN = 1e-30
 
 
 class AdamBC(ServerOptimizer):
-    """DP-AdamBC (paper ``002_…``, Algorithm 1; docs/algorithms.md §7).
+    """DP-AdamBC (the DP-AdamBC paper (Tang et al.), Algorithm 1; docs/algorithms.md §7).
 
     With ``Φ_t = noise_variance(t)`` (``t`` = 0-based step index)::
 

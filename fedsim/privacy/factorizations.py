@@ -16,7 +16,7 @@ Families (all satisfy ``B·C = A`` to ~1e-12 relative; tests demand 1e-8):
 - :func:`sqrt_toeplitz` — ``C = S^{1/2}``, Toeplitz with ``r_k = binom(2k, k)/4^k``.
 - :func:`dense` — the optimum of ``‖B‖_F`` under single participation (Denisov et al.
   2022) by the fixed-point iteration of docs/algorithms.md.
-- :func:`dpmf_plus` — DP-MF+ (paper ``004_…``, section 5): ``dense`` for ``Λ_τ·A``,
+- :func:`dpmf_plus` — DP-MF+ (Koloskova et al. 2023, section 5): ``dense`` for ``Λ_τ·A``,
   then ``B = A·C⁻¹``.
 
 Decisions where the specification is silent (recorded here as it asks):
@@ -531,7 +531,7 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000,
 
 
 def lambda_matrix(n: int, tau: int | None = None) -> np.ndarray:
-    """DP-MF+'s weighting ``Λ_τ`` (docs/algorithms.md §3; paper ``004_…``, appendix B).
+    """DP-MF+'s weighting ``Λ_τ`` (docs/algorithms.md §3; Koloskova et al. 2023, appendix B).
 
     With 1-indexed ``t``: for ``t mod τ ≠ 0``, ``λ[t,t] = 1/√τ`` and, if ``t > τ``,
     ``λ[t, ⌊t/τ⌋τ] = −1/√τ``; for ``t mod τ = 0``, ``λ[t,t] = 1`` and, if ``t > τ``,
@@ -566,7 +566,7 @@ def lambda_matrix(n: int, tau: int | None = None) -> np.ndarray:
 
 
 def dpmf_plus(A: np.ndarray, tau: int | None = None, **dense_kwargs: Any) -> Factorization:
-    """DP-MF+ (paper ``004_…``, section 5): minimise ``‖Λ_τ·B‖_F`` subject to ``B·C = A``.
+    """DP-MF+ (Koloskova et al. 2023, section 5): minimise ``‖Λ_τ·B‖_F`` subject to ``B·C = A``.
 
     Solves :func:`dense` for the workload ``Λ_τ·A``, keeps its ``C`` and sets
     ``B = A·C⁻¹``. ``τ = 1`` gives ``Λ_1·S = I`` and hence DP-SGD (``C = I``); the default
