@@ -163,8 +163,9 @@ def report(run_dirs: Annotated[list[Path], typer.Argument(help="Run folders.")],
                help="Also write an ablation PNG here: runs grouped into arms (same config but the seed), "
                     "accuracy vs round per arm and final accuracy ± std.")] = None,
            as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False) -> None:
-    """Redraw each run's plots (and the filter PSD for runs with filter.trace_coordinates) and
-    print a comparison table of the runs."""
+    """Redraw each run's plots (and the filter PSD) and print a comparison table of the runs.
+
+    A run with filter.trace_coordinates also gets plots/psd.png."""
     from fedsim.report import comparison_table, format_table, plot_ablation, plot_comparison, plot_run
 
     for d in run_dirs:

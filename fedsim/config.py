@@ -30,7 +30,9 @@ class _Section(BaseModel):
     """Base for every config table: unknown keys are errors, assignments validate."""
 
     # strict: TOML types are exact ("10" is not an int, true is not 1); ints are accepted for floats.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True)
+    # allow_inf_nan: an infinite or NaN number is a config error naming the key, never a run.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True,
+                              allow_inf_nan=False)
 
 
 class DataConfig(_Section):
@@ -287,6 +289,15 @@ class PrivacyConfig(_Section):
     delta_reason: str | None = Field(default=None, min_length=1)
     allow_no_guarantee: bool = False
     publish_side_statistics: bool = True
+
+    @model_validator(mode="after")
+    def _noise_multiplier_range(self) -> "PrivacyConfig":
+        z = self.noise_multiplier
+        if z is not None and 0 < z < 1e-3:
+            raise ValueError(f"privacy.noise_multiplier = {z:g} is below 1e-3: so little noise gives no meaningful "
+                             "privacy and overflows the accountant; use privacy.mechanism = 'none' for no noise, "
+                             "or a larger z")
+        return self
 
     @model_validator(mode="after")
     def _factorize_device(self) -> "PrivacyConfig":
@@ -559,7 +570,7 @@ def _format_validation_error(err: ValidationError) -> str:
             got = e.get("input")
             got_s = "" if isinstance(got, dict) else f" (got {got!r})"
             lines.append(f"{key}: {msg}{got_s}")
-    return "invalid config:\n  " + "\n  ".join(lines)
+    return "invalid config: " + "; ".join(lines)
 
 
 def _allowed_keys(dotted_parent: str) -> list[str]:

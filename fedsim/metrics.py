@@ -80,6 +80,8 @@ class ProgressLine:
         self.enabled = enabled
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.last_acc: float | None = None
+        self._t0: float | None = None  # wall clock at the first update, and its round
+        self._r0 = 0
 
     def update(self, row: dict[str, Any]) -> None:
         if not self.enabled:
@@ -89,9 +91,17 @@ class ProgressLine:
         acc = None if self.last_acc is None else 100 * self.last_acc
         stats = ("" if "train_loss" not in row else
                  f"train loss {_fmt(row.get('train_loss'), '.4f')}  eval acc {_fmt(acc, '.2f')}%  ")
+        import time
+
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0, self._r0 = now - float(row.get("seconds", 0) or 0), row["round"] - 1
+        done = row["round"] - self._r0
+        rate = done / max(now - self._t0, 1e-9)
+        left = (self.total - row["round"]) / rate if rate > 0 else 0.0
         text = (f"round {row['round']:>{len(str(self.total))}}/{self.total}  {stats}"
                 f"ε {_fmt(row.get('epsilon'), '.3f')}{f' ({self.relation})' if self.relation else ''}  "
-                f"({row.get('seconds', 0):.1f} s)")
+                f"({row.get('seconds', 0):.1f} s, {rate:.2f} rounds/s, ETA {int(left) // 60}m{int(left) % 60:02d}s)")
         if self.tty:
             self.stream.write("\r\033[K" + text)
             if row["round"] >= self.total:

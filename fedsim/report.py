@@ -310,7 +310,7 @@ def _save(fig: Any, out_path: str | Path) -> Path:
     fig.tight_layout()
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    fig.savefig(out, dpi=100, bbox_inches="tight")  # nothing (legend, long labels) is cut off
     return out
 
 
@@ -417,7 +417,7 @@ def plot_ablation(run_dirs: Sequence[str | Path], out_path: str | Path) -> Path:
         ax1.set_ylabel("eval accuracy (mean over seeds)")
         ax1.grid(True, alpha=0.3)
         if any(a["finals"] for a in arms):
-            ax1.legend(loc="best", fontsize=7)
+            ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=7)
         ys = np.arange(len(arms))
         ax2.barh(ys, [a["mean"] or 0.0 for a in arms], xerr=[a["std"] for a in arms], capsize=3)
         ax2.set_yticks(ys, [f"{a['label']} (n={len(a['finals'])})" for a in arms], fontsize=7)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 import os
 from pathlib import Path
 
@@ -41,14 +42,18 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
+_HOST = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
 def _names(hosts: list[str]) -> list[x509.GeneralName]:
     out: list[x509.GeneralName] = []
     for h in hosts:
         try:
             out.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
-            if not h or any(c.isspace() for c in h):
-                raise FedsimError(f"--host {h!r} is neither an IP address nor a host name") from None
+            if not _HOST.fullmatch(h or "") or len(h) > 253:
+                raise FedsimError(f"--host {h!r} is neither an IP address nor a host name (letters, digits, "
+                                  f"hyphens and dots, e.g. superlink.example.org)") from None
             out.append(x509.DNSName(h))
     return out
 
@@ -121,10 +126,18 @@ def make_all(out: str | Path, hosts: list[str], nodes: int, days: int = 365) -> 
         raise FedsimError(f"{out} already holds {clash[:4]}; choose an empty --out (nothing was overwritten)")
     if nodes < 0 or days < 1:
         raise FedsimError("--nodes must be ≥ 0 and --days ≥ 1")
-    ca_key, ca_cert = make_ca(out, days=days)
-    make_server_cert(out, ca_key, ca_cert, hosts, days)
-    keys = [str(make_node_key(out, f"node-{i}")) for i in range(nodes)]
-    for i in range(nodes):
-        make_server_cert(out, ca_key, ca_cert, ["localhost", "127.0.0.1"], days, stem=f"node-{i}-tls")
+    if not hosts:
+        raise FedsimError("give at least one --host (the names and addresses clients use to reach the SuperLink)")
+    _names(hosts)  # every host is checked before anything is written
+    try:
+        ca_key, ca_cert = make_ca(out, days=days)
+        make_server_cert(out, ca_key, ca_cert, hosts, days)
+        keys = [str(make_node_key(out, f"node-{i}")) for i in range(nodes)]
+        for i in range(nodes):
+            make_server_cert(out, ca_key, ca_cert, ["localhost", "127.0.0.1"], days, stem=f"node-{i}-tls")
+    except BaseException:  # leave nothing half-made behind: a retry must find an empty folder
+        for f in planned:
+            (out / f).unlink(missing_ok=True)
+        raise
     return {"ca": [str(out / "ca.pem")], "server": [str(out / "server.pem"), str(out / "server.key")],
             "node_public_keys": keys}
