@@ -214,7 +214,9 @@ def test_tls_authenticated_federation_runs_fedsim_and_refuses_strangers(federati
         assert (run_dir / name).exists(), name
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3]
-    assert all(r["dropped_updates"] == 0 and r["accepted_updates"] == r["cohort_size"] == 8 for r in rows)
+    # keyed 'single' buckets (docs/algorithms.md §2): sizes vary around K̄ = N/⌈N/8⌉; every sampled user trains
+    assert all(r["dropped_updates"] == 0 and r["accepted_updates"] == r["cohort_size"] for r in rows)
+    assert sum(r["cohort_size"] for r in rows) > 0
     dep = json.loads((run_dir / "summary.json").read_text())
     assert dep["population"] == USERS_PER_NODE * NODES and dep["rounds_completed"] == 3
     ledger = json.loads((run_dir / "ledger.json").read_text())

@@ -17,7 +17,7 @@ BASE = [
     "rounds=4", "data.max_users=24", "client.max_examples=8", "eval.every=0", "eval.max_users=4",
     "eval.max_examples_per_user=4", "sim.num_workers=2", "privacy.noise_multiplier=2.0",
     "sampling.scheme='epochs'", "sampling.min_sep=2", "sampling.max_participations=2",
-    "sampling.cohort_size=12",
+    "sampling.assignment='keyed'",  # K̄ = 24/2 = 12 derived; group sizes vary, every user in one group
 ]
 
 
@@ -45,5 +45,8 @@ def test_mechanism_runs_three_rounds(tmp_path, mechanism, extra):
     assert len(rows) == 4
     for r in rows:  # MF: one Gaussian mechanism for the whole run
         assert r["epsilon"] == pytest.approx(acc.get_epsilon(summary["delta"]), rel=1e-9)
-        assert r["dropped_updates"] == 0 and r["cohort_size"] == 12
+        assert r["dropped_updates"] == 0 and r["accepted_updates"] == r["cohort_size"]
+    # each cycle of b = 2 rounds trains every one of the 24 users exactly once (keyed groups)
+    assert rows[0]["cohort_size"] + rows[1]["cohort_size"] == 24 == rows[2]["cohort_size"] + rows[3]["cohort_size"]
+    assert rows[0]["cohort_size"] == rows[2]["cohort_size"]
     assert math.isfinite(summary["final_eval_accuracy"])
