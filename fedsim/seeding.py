@@ -1,16 +1,18 @@
-"""Seeded randomness: one independent ``torch.Generator`` per (stream, round, key).
+"""Seeded *non-private* randomness: one ``torch.Generator`` per (stream, round, key).
 
-Every random stream (cohort sampling, privacy noise, a user's local shuffles) is
-derived from the run seed and a tuple of keys by hashing, so that a round's
-randomness depends only on (seed, stream, round, user) — not on how users were
-assigned to workers, nor on what ran before. That makes resuming from a
-checkpoint bit-identical without saving generator internals.
+Model initialisation, each user's local batches and shuffles, the evaluation subset and the
+filter-trace coordinates come from here. They are derived from the run seed and a tuple of keys
+by hashing, so that a round's randomness depends only on (seed, stream, round, user) — not on how
+users were assigned to workers, nor on what ran before — and resuming is bit-identical.
+
+Never use this module for a draw a privacy argument rests on: ``manual_seed`` keeps only 32 bits
+of the seed on the CPU. Noise, sampling, group assignment, clip-count noise and example-level DP
+use the keyed CSPRNG of :mod:`fedsim.privacy.rng`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import secrets
 
 import torch
 
@@ -30,8 +32,3 @@ def make_generator(seed: int, *keys: object, device: str | torch.device = "cpu")
     g = torch.Generator(device=device)
     g.manual_seed(derive_seed(seed, *keys))
     return g
-
-
-def os_random_seed() -> int:
-    """A 63-bit seed from the OS CSPRNG (deployment mode: never logged)."""
-    return secrets.randbits(63)

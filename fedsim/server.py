@@ -114,7 +114,9 @@ class DPServer:
 
     def enable_trace(self, count: int, seed: int) -> None:
         """Log ``count`` seeded coordinates of ``ĝ_t`` before and after the filter each round."""
-        g = torch.Generator().manual_seed(int(seed))
+        from fedsim.seeding import make_generator
+
+        g = make_generator(int(seed), "trace-coordinates")  # which coordinates to log: not private
         d = self.params.numel()
         self.trace_index = torch.randperm(d, generator=g)[: min(int(count), d)].sort().values.to(self.params.device)
 
