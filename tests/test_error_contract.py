@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedsim.cli import main
+from test_cli import run_cli
 
 #: Inputs the fuzz tests tried (reported by the last test of this module).
 TRIED: dict[str, int] = {"filesystem": 0, "numeric": 0}
@@ -23,11 +23,7 @@ FUZZ_NUM = settings(max_examples=50, deadline=None, derandomize=True,
 
 
 def _run(capsys, *args):
-    with pytest.raises(SystemExit) as ei:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return ei.value.code, out.out, out.err
+    return run_cli(capsys, *args)
 
 
 def _one_line_error(code, err):
