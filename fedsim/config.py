@@ -293,8 +293,8 @@ class PrivacyConfig(_Section):
     @model_validator(mode="after")
     def _noise_multiplier_range(self) -> "PrivacyConfig":
         z = self.noise_multiplier
-        if z is not None and 0 < z < 1e-3:
-            raise ValueError(f"privacy.noise_multiplier = {z:g} is below 1e-3: so little noise gives no meaningful "
+        if z is not None and 0 < z < 0.1:
+            raise ValueError(f"privacy.noise_multiplier = {z:g} is below 0.1: so little noise gives no meaningful "
                              "privacy and overflows the accountant; use privacy.mechanism = 'none' for no noise, "
                              "or a larger z")
         return self
