@@ -491,7 +491,7 @@ def _run_locked(cfg: Config, out: Path, t_start: float, progress: bool, client_a
     state: dict[str, Any] = {"last_eval": None, "last_eval_metrics": None}
 
     def eval_metrics(row: dict[str, Any]) -> dict[str, float]:
-        return {k: row[k] for k in sorted(row) if k.startswith("eval_") and k not in ("eval_examples",)
+        return {k: row[k] for k in sorted(row) if k.startswith("eval_") and k not in ("eval_examples", "eval_failed_users")
                 and row[k] is not None}
     if resume:
         server.load_state_dict(ckpt["server"])
