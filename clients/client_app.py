@@ -10,6 +10,7 @@ per-user metrics. Individual updates are never logged or persisted.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from dataclasses import replace
 
@@ -24,6 +25,17 @@ from fedsim.deploy.nodes import DATA_ROOT, USER_SHARD, node_data
 from fedsim.models import make_model
 from fedsim.training import evaluate_users, train_users, train_users_ef
 from fedsim.vectorized import train_users_vectorized
+
+
+class _DropActorShutdownNotice(logging.Filter):
+    """Flower logs a WARNING ("Manually terminating ClientAppActor") in every Ray worker when
+    the simulation shuts its workers down: the normal end of a run, nothing to act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Manually terminating" not in record.getMessage()
+
+
+logging.getLogger("flwr").addFilter(_DropActorShutdownNotice())
 
 app = ClientApp()
 

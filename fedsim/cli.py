@@ -19,6 +19,7 @@ import typer
 
 from fedsim.config import DEFAULT_EXPERIMENT, load_config
 from fedsim.errors import FedsimError
+from fedsim.interrupt import RunInterrupted
 
 app = typer.Typer(
     add_completion=False,
@@ -61,6 +62,9 @@ def run(config: ConfigArg = None, set_: SetOpt = None,
     """Train an experiment in Flower's simulation engine on Ray and write its run folder.
 
     CONFIG is an experiment TOML (default: experiments/shakespeare_default.toml).
+
+    Ctrl-C or SIGTERM stops the run after checkpointing its last completed round (exit status
+    130 or 143; resume with --resume DIR); a second Ctrl-C quits at once.
     """
     _offline_env()
     from fedsim.simulation import run_experiment
@@ -307,8 +311,10 @@ def show(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackover
          tag_vocab_size: Annotated[int, typer.Option("--tag-vocab-size", help="Tags: T.")] = 500,
          limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N examples.")] = None,
          as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """One client's examples in stored order: the six raw fields and, for NWP, ``ids``, ``x``, ``y``
-    (TFF's preprocessing), for tags ``x`` (length W) and ``y`` (length T)."""
+    """One client's examples in stored order.
+
+    Prints the six raw fields of each example and, for next-word prediction, the token ids and
+    the x and y sequences (TFF's preprocessing); for tag prediction, x (length W) and y (length T)."""
     _so_name(name)
     if limit is not None and limit < 1:
         raise FedsimError(f"--limit {limit}: give a positive number of examples (omit --limit for all)")
@@ -350,7 +356,7 @@ def show(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackover
 @data_app.command()
 def stats(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackoverflow_tag")], root: RootOpt,
           as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Clients and examples per split, from ``client_metadata``."""
+    """Clients and examples per split (from the database's client_metadata table)."""
     _so_name(name)
     from fedsim.data.stackoverflow.database import StackOverflowDB
     from fedsim.data.stackoverflow.files import sqlite_path
@@ -366,8 +372,10 @@ def prepare(name: Annotated[str, typer.Argument(help="stackoverflow")], root: Ro
             verify: Annotated[bool, typer.Option("--verify", help="Check the count archives against TFF's "
                                                                   "published sha256.")] = False,
             as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Unpack the Stack Overflow files once (.lzma, .tar.bz2), optionally verify them, make sure
-    the database has its (split_name, client_id) index, and print the clients per split."""
+    """Unpack the Stack Overflow files once and index the database.
+
+    Unpacks .lzma and .tar.bz2 files, optionally verifies them, makes sure the database has its
+    (split_name, client_id) index, and prints the clients per split."""
     if name != "stackoverflow":
         raise FedsimError(f"dataset {name!r}: `fedsim data prepare` knows 'stackoverflow'")
     from fedsim.data.stackoverflow.database import StackOverflowDB, ensure_index
@@ -399,8 +407,9 @@ def synth(name: Annotated[str, typer.Argument(help="stackoverflow")],
           vocab: Annotated[int, typer.Option("--vocab", help="Distinct words in the text.")] = 200,
           tags: Annotated[int, typer.Option("--tags", help="Distinct tags.")] = 20,
           seed: Annotated[int, typer.Option("--seed", help="Generator seed.")] = 0) -> None:
-    """Write a *generated* Stack Overflow folder in TFF's file layout (sqlite, word and tag counts):
-    for trying the pipeline and for CI. It is not real text."""
+    """Write a generated Stack Overflow folder (not real text) for trying the pipeline.
+
+    The folder has TFF's file layout (SQLite database, word and tag counts); its text is random."""
     if name != "stackoverflow":
         raise FedsimError(f"dataset {name!r}: `fedsim data synth` knows 'stackoverflow'")
     for opt, val in (("--users", users), ("--per-user", per_user), ("--vocab", vocab), ("--tags", tags)):
@@ -467,8 +476,10 @@ def certs(out: Annotated[Path, typer.Option("--out", help="Empty folder for the 
           nodes: Annotated[int, typer.Option("--nodes", help="SuperNode key pairs to create.")] = 3,
           days: Annotated[int, typer.Option("--days", help="Validity in days.")] = 365,
           as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """A CA, the SuperLink's TLS certificate for the --host names, and SuperNode key pairs
-    (node-0, node-0.pub, …; register the .pub files with `flwr supernode register`)."""
+    """Make a CA, the SuperLink's TLS certificate and SuperNode key pairs.
+
+    The certificate covers the --host names. Key pairs are node-0, node-0.pub, …; register the
+    .pub files with: flwr supernode register."""
     from fedsim.deploy.certs import make_all
 
     made = make_all(out, list(host), nodes, days)
@@ -493,6 +504,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"fedsim: error: {e}", file=sys.stderr)
         sys.exit(2)
     except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except RunInterrupted as e:  # checkpointed; 130 for SIGINT, 143 for SIGTERM
+        print(f"fedsim: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         print("fedsim: aborted", file=sys.stderr)

@@ -14,6 +14,7 @@ itself cannot be interrupted in-process).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -38,9 +39,15 @@ class InProcessGrid(Grid):
     num_nodes : virtual SuperNodes (node ids ``1001 ..``).
     node_config : each node's ``node_config`` (default: Flower's simulation keys
         ``partition-id`` and ``num-partitions``).
+    stop : an event that, once set, makes :meth:`push_messages` deliver no further message
+        (a stop request, :mod:`fedsim.interrupt`); default None (never).
     """
 
-    def __init__(self, client_app: Any, num_nodes: int, node_config: list[dict[str, Any]] | None = None) -> None:
+    #: replies are computed inside ``push_messages``: callers use :meth:`send_and_receive`.
+    synchronous = True
+
+    def __init__(self, client_app: Any, num_nodes: int, node_config: list[dict[str, Any]] | None = None,
+                 stop: threading.Event | None = None) -> None:
         if num_nodes < 1:
             raise ValueError("num_nodes must be ≥ 1")
         self.client_app = client_app
@@ -50,6 +57,7 @@ class InProcessGrid(Grid):
                          for n, c in zip(self.node_ids, configs)}
         self._run: Any = None
         self._replies: dict[str, Message] = {}
+        self.stop = stop
 
     # Grid's abstract interface ------------------------------------------------------------
     def set_run(self, run: Any) -> None:
@@ -77,6 +85,8 @@ class InProcessGrid(Grid):
         :meth:`pull_messages`. Messages to unknown nodes get no id and no reply."""
         ids = []
         for msg in messages:
+            if self.stop is not None and self.stop.is_set():
+                break
             msg.metadata.__dict__["_message_id"] = str(uuid4())
             if msg.metadata.dst_node_id not in self.contexts:
                 continue

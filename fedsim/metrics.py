@@ -109,3 +109,10 @@ class ProgressLine:
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+    def notice(self, text: str) -> None:
+        """Print ``text`` on its own line (below the live line on a terminal)."""
+        if not self.enabled:
+            return
+        self.stream.write(("\n" if self.tty else "") + text + "\n")
+        self.stream.flush()

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -33,6 +34,7 @@ from fedsim.checkpoint import save_checkpoint
 from fedsim.config import Config
 from fedsim.data import DataSpec, FederatedData, load_federated
 from fedsim.errors import FedsimError
+from fedsim.interrupt import RunInterrupted, StopRequest, descendants, kill_descendants, stop_on_signals
 from fedsim.metrics import SIDE_STATISTICS_NOTE, MetricsWriter, ProgressLine, public_row
 from fedsim.models import make_model, num_parameters
 from fedsim.optim import make_optimizer
@@ -273,6 +275,28 @@ class _DropDeprecationBanner(logging.Filter):
         return "DEPRECATED FEATURE" not in msg and "deprecated feature" not in msg
 
 
+def _start_ray(init_args: dict[str, Any]) -> None:
+    """Start (or join) Ray in the main thread, as Flower's Ray backend would: the workers get
+    this process's import path. Flower's backend then finds Ray running and uses it."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+
+
+def _stop_ray() -> None:
+    """Shut Ray down if it is still up (Flower's backend shuts it down after a normal run)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def _quiet_flower() -> None:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -488,7 +512,7 @@ def _run_locked(cfg: Config, out: Path, t_start: float, progress: bool, client_a
     majority = data.majority_baseline(eval_users, cfg.eval.max_examples_per_user) if eval_users else None
     baseline = None if majority is None else majority[1]
 
-    state: dict[str, Any] = {"last_eval": None, "last_eval_metrics": None}
+    state: dict[str, Any] = {"last_eval": None, "last_eval_metrics": None, "saved": None}
 
     def eval_metrics(row: dict[str, Any]) -> dict[str, float]:
         return {k: row[k] for k in sorted(row) if k.startswith("eval_") and k not in ("eval_examples", "eval_failed_users")
@@ -516,6 +540,20 @@ def _run_locked(cfg: Config, out: Path, t_start: float, progress: bool, client_a
         tmp.write_text(json.dumps(ledger.to_json(), indent=1), encoding="utf-8")
         os.replace(tmp, out / "ledger.json")
 
+    def save(r: int) -> None:
+        save_checkpoint(out / "checkpoint", {
+            "format": "fedsim.checkpoint/2",
+            "spec": spec.to_dict(),
+            "privacy_digest": privacy_digest(resolved),
+            "server": server.state_dict(),
+            "sampler": sampler.state_dict(),
+            "client_state": None if client_store is None else client_store.state_dict(),
+            "metrics_rows": r,
+            "config": resolved.model_dump(mode="json"),
+        })
+        state["saved"] = r
+        write_ledger()
+
     def on_round_end(row: dict[str, Any], strategy: Any) -> None:
         writer.write(public_row(row, publish))
         if row.get("eval_accuracy") is not None:
@@ -523,21 +561,22 @@ def _run_locked(cfg: Config, out: Path, t_start: float, progress: bool, client_a
             state["last_eval_metrics"] = eval_metrics(row)
         r = row["round"]
         if r % cfg.checkpoint.every == 0 or r == cfg.rounds:
-            save_checkpoint(out / "checkpoint", {
-                "format": "fedsim.checkpoint/2",
-                "spec": spec.to_dict(),
-                "privacy_digest": privacy_digest(resolved),
-                "server": server.state_dict(),
-                "sampler": sampler.state_dict(),
-                "client_state": None if client_store is None else client_store.state_dict(),
-                "metrics_rows": r,
-                "config": resolved.model_dump(mode="json"),
-            })
-            write_ledger()
+            save(r)
         line.update(public_row(row, publish))
 
     from strategies.server_app import make_server_app
     from strategies.user_dp import UserLevelDPStrategy
+
+    flwr_level = logging.getLogger("flwr").level
+
+    def on_stop(name: str) -> None:
+        # workers that got the same signal die mid-round: Flower's logs of that are expected now
+        logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
+        line.notice(f"fedsim: {name}: abandoning the round in flight (no noise is drawn for it), writing the "
+                    f"checkpoint and stopping the workers; {'press Ctrl-C' if name == 'SIGINT' else 'signal'} "
+                    f"again to quit at once")
+
+    stop = StopRequest(notice=on_stop)
     if client_app is None:
         from clients.client_app import app as client_app
 
@@ -546,7 +585,7 @@ def _run_locked(cfg: Config, out: Path, t_start: float, progress: bool, client_a
         rounds=cfg.rounds, eval_users=eval_users, eval_costs=eval_costs, eval_every=cfg.eval.every,
         eval_max_examples=cfg.eval.max_examples_per_user, round_timeout=cfg.sim.round_timeout,
         min_nodes=n_workers, min_valid_replies=cfg.sim.min_valid_replies, on_round_end=on_round_end,
-        synthetic=synthetic)
+        synthetic=synthetic, stop=stop.event)
     strategy.client_evaluations = 1 if disk is None else disk.evaluations
     if deployment is not None:
         strategy.owners = deployment.owners
@@ -578,21 +617,39 @@ def _run_locked(cfg: Config, out: Path, t_start: float, progress: bool, client_a
         print(f"fedsim: note: {SIDE_STATISTICS_NOTE}" if publish else
               "fedsim: side statistics are not published (privacy.publish_side_statistics = false); "
               "no evaluation runs", flush=True)
+    resume_hint = f"fedsim run --resume {out}"
+    ours = set(descendants())  # processes that are not this run's (kept on a stop)
     try:
-        if deployment is not None:
-            strategy.run(deployment.grid)
-        elif engine == "inprocess":
-            from fedsim.engine import InProcessGrid, task_identity
+        if deployment is None and engine == "ray":
+            _start_ray(init_args)  # here, so that the stop handlers below replace Ray's own
+        with stop_on_signals(stop, resume_hint, spare=ours):
+            if deployment is not None:
+                strategy.run(deployment.grid)
+            elif engine == "inprocess":
+                from fedsim.engine import InProcessGrid, task_identity
 
-            with task_identity():
-                strategy.run(InProcessGrid(client_app, n_workers))
-        else:
-            from flwr.simulation import run_simulation
+                with task_identity():
+                    strategy.run(InProcessGrid(client_app, n_workers, stop=stop.event))
+            else:
+                from flwr.simulation import run_simulation
 
-            run_simulation(server_app=make_server_app(strategy), client_app=client_app,
-                           num_supernodes=n_workers, backend_config=backend_config)
+                run_simulation(server_app=make_server_app(strategy), client_app=client_app,
+                               num_supernodes=n_workers, backend_config=backend_config)
     finally:
         writer.close()
+        if deployment is None and engine == "ray":
+            _stop_ray()
+        logging.getLogger("flwr").setLevel(flwr_level)
+    if stop.requested:
+        if state["saved"] != server.round:  # the state after the last completed round
+            save(server.round)
+        if deployment is None:
+            kill_descendants(grace=3.0, spare=ours)
+        abandoned = strategy.abandoned_round
+        raise RunInterrupted(stop.signum or 2, (
+            f"stopped by {stop.signal_name} after round {server.round} of {cfg.rounds}"
+            + (f" (round {abandoned} abandoned before its noise was drawn)" if abandoned else "")
+            + f"; resume with: {resume_hint}"))
     if server.round != cfg.rounds:
         raise RuntimeError(f"simulation stopped after {server.round} of {cfg.rounds} rounds; "
                            f"the checkpoint in {out / 'checkpoint'} holds the last completed round")

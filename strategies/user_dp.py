@@ -11,6 +11,7 @@ Then the metrics line, the checkpoint and the progress line.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -74,7 +75,7 @@ class UserLevelDPStrategy(Strategy):
                  eval_every: int, eval_max_examples: int, round_timeout: float, min_nodes: int = 1,
                  min_valid_replies: int = 0,
                  on_round_end: Callable[[dict[str, Any], "UserLevelDPStrategy"], None] | None = None,
-                 synthetic: Any = None) -> None:
+                 synthetic: Any = None, stop: threading.Event | None = None) -> None:
         self.server = server
         self.sampler = sampler
         self.task_json = task_json
@@ -89,6 +90,13 @@ class UserLevelDPStrategy(Strategy):
         self.min_nodes = int(min_nodes)
         self.min_valid_replies = int(min_valid_replies)
         self.synthetic = synthetic
+        #: set by the first SIGINT/SIGTERM (:mod:`fedsim.interrupt`): the round in flight is
+        #: abandoned before aggregation (no noise drawn) and :meth:`run` returns.
+        self.stop = stop
+        #: the round abandoned on a stop request, if any (None: the run ended normally).
+        self.abandoned_round: int | None = None
+        #: seconds between two polls of the grid for replies.
+        self.pull_interval = 0.05
         #: local-training passes per user (2 for DiSK two_point): recorded in every metrics row.
         self.client_evaluations = 1
         #: clipping error feedback: ``none`` | ``client`` (users' states in ``client_store``,
@@ -348,29 +356,63 @@ class UserLevelDPStrategy(Strategy):
     def wait_for_nodes(self, grid: Grid, timeout: float = 300.0) -> None:
         """Block until ``min_nodes`` SuperNodes are connected (they register asynchronously)."""
         deadline = time.monotonic() + timeout
-        while len(list(grid.get_node_ids())) < self.min_nodes:
+        while len(list(grid.get_node_ids())) < self.min_nodes and not self.stopping():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(list(grid.get_node_ids()))} of {self.min_nodes} "
                                    f"SuperNodes connected after {timeout:.0f} s")
             time.sleep(0.05)
 
+    def stopping(self) -> bool:
+        """Whether a stop was requested (:mod:`fedsim.interrupt`)."""
+        return self.stop is not None and self.stop.is_set()
+
+    def exchange(self, grid: Grid, messages: list[Message]) -> list[Message] | None:
+        """Push ``messages`` and pull their replies until all are in or ``round_timeout``
+        seconds pass (Flower's ``send_and_receive``), polling the stop request between pulls:
+        None when a stop was requested before every reply arrived."""
+        if not messages:
+            return []
+        if getattr(grid, "synchronous", False):  # the in-process grid computes replies as it pushes
+            got = list(grid.send_and_receive(messages, timeout=self.round_timeout))
+            return None if self.stopping() else got
+        pending = set(grid.push_messages(messages))
+        deadline = time.monotonic() + self.round_timeout
+        replies: list[Message] = []
+        while True:
+            got = list(grid.pull_messages(pending))
+            replies.extend(got)
+            pending.difference_update(m.metadata.reply_to_message_id for m in got)
+            if not pending or time.monotonic() >= deadline:
+                return replies
+            if self.stopping():
+                return None
+            time.sleep(self.pull_interval)
+
     def run(self, grid: Grid) -> None:
-        """Run rounds ``server.round .. rounds−1`` (resumes where the server state is)."""
+        """Run rounds ``server.round .. rounds−1`` (resumes where the server state is). On a stop
+        request the round in flight is abandoned before aggregation and the loop returns, with
+        the server state at the last completed round and ``abandoned_round`` set."""
         self.wait_for_nodes(grid)
         empty = ConfigRecord()
         while self.server.round < self.rounds:
             t0 = time.perf_counter()
             server_round = self.server.round + 1
+            if self.stopping():
+                self.abandoned_round = server_round
+                return
             arrays = self._params_record()
             messages = list(self.configure_train(server_round, arrays, empty, grid))
-            replies = grid.send_and_receive(messages, timeout=self.round_timeout) if messages else []
+            replies = self.exchange(grid, messages)
+            if replies is None or self.stopping():  # no aggregation, so no noise and no ε for this round
+                self.abandoned_round = server_round
+                return
             self.aggregate_train(server_round, replies)
             row: dict[str, Any] = {"round": server_round, **self._last_train,
                                    "eval_loss": None, "eval_accuracy": None}
             ev_msgs = list(self.configure_evaluate(server_round, self._params_record(), empty, grid))
             if ev_msgs:
-                ev = self.aggregate_evaluate(server_round,
-                                             grid.send_and_receive(ev_msgs, timeout=self.round_timeout))
+                ev_replies = self.exchange(grid, ev_msgs)  # None on a stop: this round is not evaluated
+                ev = None if ev_replies is None else self.aggregate_evaluate(server_round, ev_replies)
                 if ev is not None:
                     row.update({k: ev[k] for k in ev if k != "eval_failed_replies"})
             row["seconds"] = time.perf_counter() - t0
