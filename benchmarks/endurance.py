@@ -76,7 +76,7 @@ def main() -> None:
     cfg = load_config(None, [
         f"rounds={args.rounds}", "model.name='shakespeare_lstm_small'", f"data.max_users={real}",
         "sampling.scheme='epochs'", f"sampling.min_sep={b}", f"sampling.cohort_size={POPULATION // b}",
-        f"privacy.mechanism='{args.mechanism}'", "privacy.noise_multiplier=1.0", "eval.every=0", 
+        f"privacy.mechanism='{args.mechanism}'", "privacy.noise_multiplier=1.0", "eval.every=0",
         "eval.max_users=1", "eval.max_examples_per_user=1", "sim.num_workers=1", "sim.engine='ray'",
         f"checkpoint.every={args.checkpoint_every}", "server.optimizer='sgd'", "client.max_examples=4"])
     users = RandomUsers(POPULATION - real)

@@ -78,8 +78,9 @@ def child(mechanism: str, d: int, t: int, n: int, bands: int) -> dict:
             bufs = tuple(torch.empty(d).normal_() for _ in range(4))
             noise.state = dataclasses.replace(noise.state, t=t, buffers=bufs)
     elif mechanism == "dense":
-        from fedsim.privacy.factorizations import sqrt_toeplitz_coefficients
         from scipy.linalg import solve_triangular, toeplitz
+
+        from fedsim.privacy.factorizations import sqrt_toeplitz_coefficients
 
         c = sqrt_toeplitz_coefficients(n)
         C = np.tril(toeplitz(c))
@@ -113,8 +114,8 @@ def rng_benchmark(d: int, reps: int) -> dict:
     times: dict[str, list[float]] = {"torch_randn": [], "aes_ctr_keystream": [], "rng_gaussians": []}
     for r in range(reps + 1):
         for name, fn in (("torch_randn", lambda: torch.randn(d, generator=gen)),
-                         ("aes_ctr_keystream", lambda: random_words(key.derive("w", r), d)),
-                         ("rng_gaussians", lambda: gaussians(key.derive("g", r), d))):
+                         ("aes_ctr_keystream", lambda r=r: random_words(key.derive("w", r), d)),
+                         ("rng_gaussians", lambda r=r: gaussians(key.derive("g", r), d))):
             t0 = time.perf_counter()
             fn()
             if r:  # the first repetition warms up

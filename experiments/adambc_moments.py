@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import torch
 
 from fedsim.optim import AdamBC

@@ -32,7 +32,6 @@ import torch
 from fedsim.error_feedback import ServerErrorFeedback, client_ef_update, server_noise_norm
 from fedsim.optim import make_optimizer
 from fedsim.privacy.accounting import AccountingSpec, epsilon
-from fedsim.privacy.clipping import clip_vector
 from fedsim.privacy.noise import GaussianNoise
 from fedsim.privacy.participation import make_scheme
 from fedsim.sampling import make_sampler

@@ -18,8 +18,8 @@ import time
 
 os.environ.setdefault("FEDSIM_CACHE", tempfile.mkdtemp(prefix="fedsim-exp-a-"))  # fresh cache: honest times
 
-from fedsim.privacy.mechanisms import factorization_quality, plan_mf, workload_matrix  # noqa: E402
-from fedsim.privacy.participation import make_scheme  # noqa: E402
+from fedsim.privacy.mechanisms import factorization_quality, plan_mf, workload_matrix
+from fedsim.privacy.participation import make_scheme
 
 FAMILIES = [
     ("identity (DP-SGD)", "identity", {}),

@@ -332,16 +332,16 @@ def markdown_best(rows: list[dict[str, Any]], source: str) -> str:
             by[(r["n"], r["method"], r["selected_by"].split("_")[0])] = r
     for n in sorted({r["n"] for r in rows}):
         for method in METHOD_LABEL:
-            a, l = by[(n, method, "avg")], by[(n, method, "last")]
+            a, last = by[(n, method, "avg")], by[(n, method, "last")]
             if source == "mc":
                 av = _fmt(a[key_avg]) + f" ± {a['avg_iterate_loss_se']:.2g}"
-                lv = _fmt(l[key_last]) + f" ± {l['last_iterate_loss_se']:.2g}"
+                lv = _fmt(last[key_last]) + f" ± {last['last_iterate_loss_se']:.2g}"
             else:
                 av = _fmt(a[key_avg]) + f" ({_fmt(a['exact_avg_iterate_loss_noise_part'])})"
-                lv = _fmt(l[key_last]) + f" ({_fmt(l['exact_last_iterate_loss_noise_part'])})"
+                lv = _fmt(last[key_last]) + f" ({_fmt(last['exact_last_iterate_loss_noise_part'])})"
             lines.append(
                 f"| {n} | {METHOD_LABEL[method]} | {a['gamma']:g} | {_tau(a['tau'])} | {av} "
-                f"| {l['gamma']:g} | {_tau(l['tau'])} | {lv} |"
+                f"| {last['gamma']:g} | {_tau(last['tau'])} | {lv} |"
             )
     return "\n".join(lines)
 

@@ -13,7 +13,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -28,12 +28,12 @@ app = typer.Typer(
 )
 
 ConfigArg = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Argument(help=f"Experiment TOML (default: {DEFAULT_EXPERIMENT.relative_to(DEFAULT_EXPERIMENT.parent.parent)}).",
                    show_default=False),
 ]
 SetOpt = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--set", help="Override a config key: --set dotted.key=value (repeatable; TOML values)."),
 ]
 
@@ -51,10 +51,10 @@ def _relation(name: object) -> str:
 
 @app.command()
 def run(config: ConfigArg = None, set_: SetOpt = None,
-        out: Annotated[Optional[Path], typer.Option("--out", help="Run folder (default runs/<timestamp>-<name>).")] = None,
-        resume: Annotated[Optional[Path], typer.Option(
+        out: Annotated[Path | None, typer.Option("--out", help="Run folder (default runs/<timestamp>-<name>).")] = None,
+        resume: Annotated[Path | None, typer.Option(
             "--resume", help="Continue the run in this folder from its checkpoint (bit-identical).")] = None,
-        force: Annotated[Optional[list[str]], typer.Option(
+        force: Annotated[list[str] | None, typer.Option(
             "--force", help="With --resume: a key that may differ from the run's checkpoint: sim.*, "
                             "checkpoint.*, eval.*, name, privacy.account_every, and rounds (to grow, "
                             "Gaussian noise only). Repeatable.")] = None,
@@ -102,8 +102,8 @@ def run(config: ConfigArg = None, set_: SetOpt = None,
 
 @app.command()
 def privacy(config: ConfigArg = None, set_: SetOpt = None,
-            population: Annotated[Optional[int], typer.Option(help="Population N (what-if; skips loading data).")] = None,
-            target_epsilon: Annotated[Optional[float], typer.Option(help="Calibrate z for this ε instead.")] = None,
+            population: Annotated[int | None, typer.Option(help="Population N (what-if; skips loading data).")] = None,
+            target_epsilon: Annotated[float | None, typer.Option(help="Calibrate z for this ε instead.")] = None,
             as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Print ε (or, with --target-epsilon, the calibrated noise multiplier) without training.
 
@@ -118,7 +118,6 @@ def privacy(config: ConfigArg = None, set_: SetOpt = None,
 
     if population is None:
         from fedsim.data import DataSpec, load_federated
-
         from fedsim.simulation import note_max_users
 
         population = load_federated(DataSpec.from_config(cfg.data)).population
@@ -145,7 +144,7 @@ def privacy(config: ConfigArg = None, set_: SetOpt = None,
             typer.echo(f"note: {note}")
 
 
-def _load_with_target(config: Optional[Path], overrides: list[str], target: float):
+def _load_with_target(config: Path | None, overrides: list[str], target: float):
     from fedsim.config import apply_overrides, config_from_dict, read_config_file
 
     raw = read_config_file(Path(config if config is not None else DEFAULT_EXPERIMENT))
@@ -162,8 +161,8 @@ def _load_with_target(config: Optional[Path], overrides: list[str], target: floa
 
 @app.command()
 def report(run_dirs: Annotated[list[Path], typer.Argument(help="Run folders.")],
-           plot: Annotated[Optional[Path], typer.Option(help="Also write an accuracy comparison PNG here.")] = None,
-           ablation: Annotated[Optional[Path], typer.Option(
+           plot: Annotated[Path | None, typer.Option(help="Also write an accuracy comparison PNG here.")] = None,
+           ablation: Annotated[Path | None, typer.Option(
                help="Also write an ablation PNG here: runs grouped into arms (same config but the seed), "
                     "accuracy vs round per arm and final accuracy ± std.")] = None,
            as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False) -> None:
@@ -192,17 +191,17 @@ def factorize(
     rounds: Annotated[int, typer.Option(help="n, the number of rounds.")],
     workload: Annotated[str, typer.Option(help="prefix | momentum")] = "prefix",
     momentum: Annotated[float, typer.Option(help="β of the momentum workload.")] = 0.9,
-    bands: Annotated[Optional[int], typer.Option(help="banded: number of bands (default min-sep).")] = None,
+    bands: Annotated[int | None, typer.Option(help="banded: number of bands (default min-sep).")] = None,
     buffers: Annotated[int, typer.Option(help="blt: number of buffers.")] = 4,
-    tau: Annotated[Optional[int], typer.Option(help="dpmf_plus: τ (default n).")] = None,
+    tau: Annotated[int | None, typer.Option(help="dpmf_plus: τ (default n).")] = None,
     scheme: Annotated[str, typer.Option(help="single | epochs | min_sep")] = "single",
-    min_sep: Annotated[Optional[int], typer.Option("--min-sep", help="b (epochs, min_sep).")] = None,
-    max_participations: Annotated[Optional[int], typer.Option(help="k (epochs, min_sep).")] = None,
+    min_sep: Annotated[int | None, typer.Option("--min-sep", help="b (epochs, min_sep).")] = None,
+    max_participations: Annotated[int | None, typer.Option(help="k (epochs, min_sep).")] = None,
     objective: Annotated[str, typer.Option(help="total (loss) | max (max_error)")] = "total",
     tree_estimator: Annotated[str, typer.Option(help="tree: online | full")] = "online",
-    device: Annotated[Optional[str], typer.Option(help="dense/dpmf_plus: torch device of the optimiser "
+    device: Annotated[str | None, typer.Option(help="dense/dpmf_plus: torch device of the optimiser "
                                                   "(cuda = the GPU path); default numpy on the CPU.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Write C, the noising matrix and A to this .npz.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write C, the noising matrix and A to this .npz.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Compute a factorization and print its sensitivity and errors (units of (c·z)²)."""
@@ -309,7 +308,7 @@ def show(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackover
          num_oov_buckets: Annotated[int, typer.Option("--num-oov-buckets", help="NWP: k.")] = 1,
          word_vocab_size: Annotated[int, typer.Option("--word-vocab-size", help="Tags: W.")] = 10000,
          tag_vocab_size: Annotated[int, typer.Option("--tag-vocab-size", help="Tags: T.")] = 500,
-         limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N examples.")] = None,
+         limit: Annotated[int | None, typer.Option("--limit", help="Only the first N examples.")] = None,
          as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """One client's examples in stored order.
 
@@ -367,7 +366,7 @@ def stats(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackove
 
 @data_app.command()
 def prepare(name: Annotated[str, typer.Argument(help="stackoverflow")], root: RootOpt,
-            cache_dir: Annotated[Optional[Path], typer.Option("--cache-dir", help="Where compressed files are "
+            cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="Where compressed files are "
                                                                "unpacked (default ROOT/.fedsim-cache).")] = None,
             verify: Annotated[bool, typer.Option("--verify", help="Check the count archives against TFF's "
                                                                   "published sha256.")] = False,
@@ -423,7 +422,7 @@ def synth(name: Annotated[str, typer.Argument(help="stackoverflow")],
 
 @app.command()
 def audit(config: ConfigArg = None, set_: SetOpt = None,
-          out: Annotated[Optional[Path], typer.Option("--out", help="Run folder (default runs/<timestamp>-<name>).")] = None,
+          out: Annotated[Path | None, typer.Option("--out", help="Run folder (default runs/<timestamp>-<name>).")] = None,
           canaries: Annotated[int, typer.Option("--canaries", help="M, the number of canary users added to the population.")] = 1000,
           alpha: Annotated[float, typer.Option("--alpha", help="The bootstrap interval has confidence 1 − alpha.")] = 0.05,
           null: Annotated[str, typer.Option("--null", help="Null distribution: theoretical (N(0, 1/d), the paper's) "

@@ -91,7 +91,7 @@ class DataConfig(_Section):
     num_classes: int = Field(default=10, ge=2, le=100_000)
 
     @model_validator(mode="after")
-    def _root_for_local_data(self) -> "DataConfig":
+    def _root_for_local_data(self) -> DataConfig:
         if self.name not in ("shakespeare", "synthetic") and not self.root:
             what = ("the folder with the TFF Stack Overflow files" if self.name.startswith("stackoverflow")
                     else "the local Hugging Face folder (save_to_disk output or parquet files)")
@@ -145,7 +145,7 @@ class ClientConfig(_Section):
     error_feedback_memory_mb: float = Field(default=2048.0, gt=0)
 
     @model_validator(mode="after")
-    def _c2_at_least_c1(self) -> "ClientConfig":
+    def _c2_at_least_c1(self) -> ClientConfig:
         if self.ef_clip_norm is not None and self.ef_clip_norm < self.clip_norm:
             raise ValueError(
                 f"client.ef_clip_norm = {self.ef_clip_norm} is below client.clip_norm = {self.clip_norm}; "
@@ -291,7 +291,7 @@ class PrivacyConfig(_Section):
     publish_side_statistics: bool = True
 
     @model_validator(mode="after")
-    def _noise_multiplier_range(self) -> "PrivacyConfig":
+    def _noise_multiplier_range(self) -> PrivacyConfig:
         z = self.noise_multiplier
         if z is not None and 0 < z < 0.1:
             raise ValueError(f"privacy.noise_multiplier = {z:g} is below 0.1: so little noise gives no meaningful "
@@ -300,7 +300,7 @@ class PrivacyConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _factorize_device(self) -> "PrivacyConfig":
+    def _factorize_device(self) -> PrivacyConfig:
         if self.factorize_device is not None and self.mechanism not in ("dense", "dpmf_plus"):
             raise ValueError(f"privacy.factorize_device only applies to privacy.mechanism = 'dense' or "
                              f"'dpmf_plus' (the others factorize in closed form or in seconds); remove it "
@@ -308,7 +308,7 @@ class PrivacyConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _example_unit(self) -> "PrivacyConfig":
+    def _example_unit(self) -> PrivacyConfig:
         if self.unit == "example" and self.example_noise_multiplier is None:
             raise ValueError("privacy.unit = 'example' needs privacy.example_noise_multiplier (σ of each "
                              "silo's DP-SGD noise), e.g. 1.0")
@@ -317,7 +317,7 @@ class PrivacyConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _one_of_z_or_target(self) -> "PrivacyConfig":
+    def _one_of_z_or_target(self) -> PrivacyConfig:
         if self.mechanism == "none":
             if self.noise_multiplier not in (None, 0.0) or self.target_epsilon is not None:
                 raise ValueError(
@@ -371,7 +371,7 @@ class FilterConfig(_Section):
     trace_coordinates: int = Field(default=0, ge=0, le=4096)
 
     @model_validator(mode="after")
-    def _lookahead_gamma(self) -> "FilterConfig":
+    def _lookahead_gamma(self) -> FilterConfig:
         if self.name == "disk" and self.mode == "lookahead" and self.gamma is not None:
             want = (1.0 - self.kappa) / self.kappa
             if abs(self.gamma - want) > 1e-9 * max(1.0, want):
@@ -484,7 +484,7 @@ class Config(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
 
     @model_validator(mode="after")
-    def _model_fits_data(self) -> "Config":
+    def _model_fits_data(self) -> Config:
         from fedsim.models import DATA_TASKS, MODELS
 
         task = DATA_TASKS[self.data.name]
@@ -499,7 +499,7 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _no_momentum_on_a_filter(self) -> "Config":
+    def _no_momentum_on_a_filter(self) -> Config:
         if self.filter.name != "none" and self.server.optimizer == "momentum":
             raise ValueError(
                 f"filter.name = '{self.filter.name}' already is a momentum (low-pass) filter: do not stack "

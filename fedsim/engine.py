@@ -77,7 +77,7 @@ class InProcessGrid(Grid):
     def _call(self, msg: Message) -> Message:
         try:
             return self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
-        except Exception as e:  # noqa: BLE001 - the client's failure is a reply, not a crash
+        except Exception as e:
             return Message(Error(code=CLIENT_APP_RAISED, reason=f"{type(e).__name__}: {e}"), reply_to=msg)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
@@ -116,7 +116,7 @@ class task_identity:
     """Context manager: the process-wide Flower task identity of an in-process run (the server
     side creates messages as the SuperLink node), restored afterwards."""
 
-    def __enter__(self) -> "task_identity":
+    def __enter__(self) -> task_identity:
         self._saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, SUPERLINK_NODE_ID, 0
         return self

@@ -23,10 +23,9 @@ different units and do not compose into one number.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +131,7 @@ def local_delta_example_dp(model: nn.Module, x0: torch.Tensor, samples: tuple[to
     """
     from opacus import GradSampleModule
 
-    from fedsim.training import load_flat_
+    from fedsim.parameters import load_flat_
 
     params = list(model.parameters())
     dev = params[0].device

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-
 #: Per-round metrics computed from users' data outside the DP mechanism: ε does not cover them.
 SIDE_STATISTICS = ("train_loss", "cohort_size", "accepted_updates", "dropped_updates", "dropped_replies",
                    "drop_reasons", "server_reclipped", "clipped_fraction", "train_examples", "failed_users",

@@ -68,7 +68,7 @@ class Task:
         return json.dumps(d, sort_keys=True)
 
     @classmethod
-    def from_json(cls, s: str) -> "Task":
+    def from_json(cls, s: str) -> Task:
         d = json.loads(s)
         disk = DiskClient(**d["disk"]) if d.get("disk") else None
         return cls(DataSpec(**d["data"]), d["model"], int(d["model_seed"]), int(d["seed"]),

@@ -55,7 +55,7 @@ class RunFolderLock:
         self.path = Path(folder) / LOCK_NAME
         self._fd: int | None = None
 
-    def acquire(self) -> "RunFolderLock":
+    def acquire(self) -> RunFolderLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as e:
@@ -86,7 +86,7 @@ class RunFolderLock:
                 os.close(self._fd)
                 self._fd = None
 
-    def __enter__(self) -> "RunFolderLock":
+    def __enter__(self) -> RunFolderLock:
         return self.acquire()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -85,7 +85,7 @@ class CohortSampler(ABC):
         self.key = PrivacyKey.from_state_dict(state["key"])
         self._reset()
 
-    def _reset(self) -> None:
+    def _reset(self) -> None:  # noqa: B027 - a hook; most samplers cache nothing
         """Drop anything cached from the key (after :meth:`load_state_dict`)."""
 
 

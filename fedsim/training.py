@@ -30,25 +30,9 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from fedsim.data import FederatedData
+from fedsim.parameters import load_flat_ as load_flat_  # used here; re-exported for callers
 from fedsim.privacy.clipping import clip_vector, is_finite_norm
 from fedsim.seeding import make_generator
-
-
-def load_flat_(params: list[torch.Tensor], flat: torch.Tensor) -> None:
-    """Copy the flat vector ``flat`` into ``params`` in place.
-
-    (``torch.nn.utils.vector_to_parameters`` would make the parameters *views* of
-    ``flat``, so training would silently modify the caller's vector.)
-    """
-    total = sum(p.numel() for p in params)
-    if flat.numel() != total:
-        raise ValueError(f"flat vector has {flat.numel()} entries, the model {total}")
-    offset = 0
-    with torch.no_grad():
-        for p in params:
-            n = p.numel()
-            p.copy_(flat[offset: offset + n].view_as(p))
-            offset += n
 
 
 @dataclass(frozen=True)

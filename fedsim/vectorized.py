@@ -17,6 +17,8 @@ feedback or example-level DP, which keep their sequential paths.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,36 +52,21 @@ def _plans(data, users: list[int], round_index: int, seed: int, spec) -> dict[in
     return out
 
 
-def train_users_vectorized(model: nn.Module, x0: torch.Tensor, data, users: list[int], round_index: int,
-                           seed: int, spec) -> tuple[torch.Tensor, list]:
-    """Like :func:`fedsim.training.train_users` (sum of clipped deltas, per-user results), with
-    users trained in groups under ``vmap``. ``spec`` is a :class:`~fedsim.training.LocalTraining`."""
-    from fedsim.training import UserResult
-
-    params = dict(model.named_parameters())
-    names = list(params)
-    shapes = [params[n].shape for n in names]
-    sizes = [params[n].numel() for n in names]
-    dev = next(iter(params.values())).device
-    x0 = x0.to(dev)
-    base = dict(zip(names, (t.view(s) for t, s in zip(torch.split(x0, sizes), shapes))))
-    buffers = dict(model.named_buffers())
-    model.train()
-
-    def loss_of(p, xb, yb):
-        out = functional_call(model, (p, buffers), (xb,))
-        return data.loss(out, yb)
-
+def _make_step(model: nn.Module, buffers: dict[str, torch.Tensor], data: Any) -> Callable[..., Any]:
+    """``step(p, xb, yb) -> (per-user gradients, per-user losses)`` for stacked parameters ``p``."""
     batched_loss = getattr(data, "batched_loss", None)
     if batched_loss is not None:  # vmap the model only; the dataset batches its own loss
         outputs = vmap(lambda p, xb: functional_call(model, (p, buffers), (xb,)))
 
-        def forward(p, xb, yb):
+        def forward(p: Any, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
             return batched_loss(outputs(p, xb), yb)
     else:
+        def loss_of(p: Any, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+            return data.loss(functional_call(model, (p, buffers), (xb,)), yb)
+
         forward = vmap(loss_of)
 
-    def step(p, xb, yb):
+    def step(p: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         # Per-user gradients from one backward pass of Σ_u loss_u: user u's loss depends only on
         # its own slice of the stacked parameters, so ∂(Σ loss)/∂p[u] = ∂loss_u/∂p[u]. (The same
         # numbers as vmap(grad(loss)); plain autograd avoids torch.func.grad's one-off import of
@@ -89,71 +76,122 @@ def train_users_vectorized(model: nn.Module, x0: torch.Tensor, data, users: list
         grads = torch.autograd.grad(lo.sum(), list(leaves.values()))
         return dict(zip(leaves, grads)), lo.detach()
 
-    from fedsim.training import failed_result, isolated_clip, train_one_user
+    return step
 
-    def _train_chunk(chunk: list[int], n: int) -> None:
-        """Train ``chunk`` (users with ``n`` samples each) together under ``vmap``; each user's
-        delta is clipped on its own, and a non-finite one becomes zero (isolation)."""
+
+class _VectorizedPass:
+    """One worker's pass over its users, trained in groups of equal sample counts under ``vmap``.
+
+    Results accumulate in ``clipped_of`` (user → clipped delta) and ``results`` (user →
+    :class:`~fedsim.training.UserResult`); a user whose data fails contributes zero (isolation).
+    """
+
+    def __init__(self, model: nn.Module, x0: torch.Tensor, data: Any, round_index: int, seed: int,
+                 spec: Any) -> None:
+        params = dict(model.named_parameters())
+        self.names = list(params)
+        shapes = [params[n].shape for n in self.names]
+        sizes = [params[n].numel() for n in self.names]
+        self.dev = next(iter(params.values())).device
+        self.x0 = x0.to(self.dev)
+        self.base = dict(zip(self.names, (t.view(s) for t, s in zip(torch.split(self.x0, sizes), shapes))))
+        model.train()
+        self.step = _make_step(model, dict(model.named_buffers()), data)
+        self.model, self.data, self.round_index, self.seed, self.spec = model, data, round_index, seed, spec
+        self.clipped_of: dict[int, torch.Tensor] = {}
+        self.results: dict[int, Any] = {}
+        self.plans: dict[int, list[np.ndarray]] = {}
+
+    def fail(self, u: int) -> None:
+        from fedsim.training import failed_result
+
+        self.clipped_of[u], self.results[u] = torch.zeros(self.x0.numel(), dtype=torch.float32), failed_result(u)
+
+    def group(self, users: list[int]) -> dict[int, list[int]]:
+        """Sample orders for ``users``, grouped by their number of samples."""
+        groups: dict[int, list[int]] = defaultdict(list)
+        for u in users:
+            try:  # isolation: a user whose data cannot even be sized or shuffled contributes zero
+                self.plans.update(_plans(self.data, [u], self.round_index, self.seed, self.spec))
+                groups[self.data.num_train(u)].append(u)
+            except Exception:
+                self.fail(u)
+        return groups
+
+    def _load(self, chunk: list[int], n: int) -> tuple[list[int], list[Any]]:
         samples = []
         for u in list(chunk):
             try:  # a user whose samples cannot be read contributes zero; the others stay batched
-                samples.append(data.train_samples(u, np.arange(n)))
+                samples.append(self.data.train_samples(u, np.arange(n)))
             except Exception:
-                clipped_of[u], results[u] = torch.zeros(x0.numel(), dtype=torch.float32), failed_result(u)
+                self.fail(u)
                 chunk = [v for v in chunk if v != u]
-        if not chunk:
-            return
-        U = len(chunk)
-        p = {k: v.unsqueeze(0).expand(U, *v.shape).clone() for k, v in base.items()}
+        return chunk, samples
+
+    def _descend(self, chunk: list[int], samples: list[Any]) -> tuple[dict[str, torch.Tensor], torch.Tensor, int, int]:
+        """Local SGD for ``chunk`` together: (stacked parameters, summed losses, steps, samples seen)."""
+        spec, dev, U = self.spec, self.dev, len(chunk)
+        p = {k: v.unsqueeze(0).expand(U, *v.shape).clone() for k, v in self.base.items()}
         xs = torch.stack([s[0] for s in samples]).to(dev)
         ys = torch.stack([s[1] for s in samples]).to(dev)
         rows = torch.arange(U, device=dev).unsqueeze(1)
         loss_sum = torch.zeros(U, device=dev, dtype=torch.float64)
         steps = seen = 0
         for e in range(spec.epochs):
-            perms = np.stack([plans[u][e] for u in chunk])  # same length for a group
+            perms = np.stack([self.plans[u][e] for u in chunk])  # same length for a group
             for s in range(0, perms.shape[1], spec.batch_size):
                 idx = torch.from_numpy(np.sort(perms[:, s: s + spec.batch_size], axis=1)).to(dev)
-                g, lo = step(p, xs[rows, idx], ys[rows, idx])
+                g, lo = self.step(p, xs[rows, idx], ys[rows, idx])
                 with torch.no_grad():
                     for k in p:
                         p[k].sub_(g[k], alpha=spec.lr)
                 loss_sum += lo.detach().double()
                 steps += 1
                 seen += idx.shape[1]
+        return p, loss_sum, steps, seen
+
+    def train_chunk(self, chunk: list[int], n: int) -> None:
+        """Train ``chunk`` (users with ``n`` samples each) together under ``vmap``; each user's
+        delta is clipped on its own, and a non-finite one becomes zero (isolation)."""
+        from fedsim.training import UserResult, isolated_clip
+
+        chunk, samples = self._load(chunk, n)
+        if not chunk:
+            return
+        p, loss_sum, steps, seen = self._descend(chunk, samples)
         with torch.no_grad():
-            flat = torch.cat([p[k].reshape(U, -1) for k in names], dim=1) - x0
+            flat = torch.cat([p[k].reshape(len(chunk), -1) for k in self.names], dim=1) - self.x0
+        clip = self.spec.clip_norm
         for i, u in enumerate(chunk):
-            clipped_of[u], norm, finite = isolated_clip(flat[i], spec.clip_norm)
-            results[u] = (UserResult(u, float(loss_sum[i]) / max(steps, 1), seen, norm, norm > spec.clip_norm)
-                          if finite else UserResult(u, float("nan"), seen, float("inf"), False, nonfinite=True))
+            self.clipped_of[u], norm, finite = isolated_clip(flat[i], clip)
+            self.results[u] = (UserResult(u, float(loss_sum[i]) / max(steps, 1), seen, norm, norm > clip)
+                               if finite else UserResult(u, float("nan"), seen, float("inf"), False, nonfinite=True))
 
-    clipped_of: dict[int, torch.Tensor] = {}
-    results: dict[int, UserResult] = {}
-    plans: dict[int, list[np.ndarray]] = {}
-    groups: dict[int, list[int]] = defaultdict(list)
-    for u in users:
-        try:  # isolation: a user whose data cannot even be sized or shuffled contributes zero
-            plans.update(_plans(data, [u], round_index, seed, spec))
-            groups[data.num_train(u)].append(u)
-        except Exception:
-            clipped_of[u], results[u] = torch.zeros(x0.numel(), dtype=torch.float32), failed_result(u)
-
-    def chunk_sequentially(chunk: list[int]) -> None:
+    def train_sequentially(self, chunk: list[int]) -> None:
         """A chunk whose batched pass raised: its users one by one, each isolated."""
-        for u in chunk:
-            clipped_of[u], results[u] = train_one_user(model, x0, data, u, round_index, seed, spec)
+        from fedsim.training import train_one_user
 
+        for u in chunk:
+            self.clipped_of[u], self.results[u] = train_one_user(
+                self.model, self.x0, self.data, u, self.round_index, self.seed, self.spec)
+
+
+def train_users_vectorized(model: nn.Module, x0: torch.Tensor, data: Any, users: list[int], round_index: int,
+                           seed: int, spec: Any) -> tuple[torch.Tensor, list[Any]]:
+    """Like :func:`fedsim.training.train_users` (sum of clipped deltas, per-user results), with
+    users trained in groups under ``vmap``. ``spec`` is a :class:`~fedsim.training.LocalTraining`."""
+    run = _VectorizedPass(model, x0, data, round_index, seed, spec)
+    groups = run.group(users)
     for n in sorted(groups):
         members = groups[n]
         for c in range(0, len(members), CHUNK):
             chunk = members[c: c + CHUNK]
             try:
-                _train_chunk(chunk, n)
+                run.train_chunk(chunk, n)
             except Exception:
-                chunk_sequentially(chunk)
+                run.train_sequentially(chunk)
     total = torch.zeros(x0.numel(), dtype=torch.float32)
     for u in users:  # the sequential path's summation order
-        total.add_(clipped_of[u])
-    return total, [results[u] for u in users]
+        total.add_(run.clipped_of[u])
+    return total, [run.results[u] for u in users]
 

@@ -1,15 +1,11 @@
-"""The fedsim ServerApp.
+"""The fedsim ServerApp for simulation: :func:`make_server_app` wraps a strategy fedsim built
+in-process (``fedsim run``) in a ServerApp whose main loop is ``strategy.run(grid)``.
 
-- :func:`make_server_app` (simulation): a ServerApp whose main loop is ``strategy.run(grid)``
-  for a strategy fedsim built in-process (``fedsim run``).
-- ``app`` (deployment, ``[tool.flwr.app.components] serverapp``): builds the run from the
-  app's run config on the SuperLink's grid (:mod:`fedsim.deploy.runconfig`): waits for the
-  SuperNodes, takes the census of their users, then runs the same strategy.
+The deployment ServerApp, which builds the run from the app's run config, is
+:mod:`fedsim.deploy.serverapp` (the runner layer; this module does not import it).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -26,14 +22,3 @@ def make_server_app(strategy: UserLevelDPStrategy) -> ServerApp:
         strategy.run(grid)
 
     return app
-
-
-app = ServerApp()
-
-
-@app.main()
-def deployed_main(grid: Grid, context: Context) -> None:
-    """Deployment entry point: the whole run from ``context.run_config``."""
-    from fedsim.deploy.runconfig import run_deployment
-
-    run_deployment(grid, dict(context.run_config), app_dir=Path(__file__).resolve().parents[1])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,83 @@ def _as_float(v: Any) -> float:
         return float("nan")
 
 
+@dataclass
+class Screened:
+    """The outcome of :func:`screen_replies`.
+
+    valid : ``(assigned users, update array or None, metrics record, message)`` per reply that
+        passed the node-level checks (its array is checked by the aggregator).
+    seen : the nodes that replied at all (the others are counted ``missing``).
+    drops : ``(reason, users dropped)`` for every rejected reply, in arrival order.
+    """
+
+    valid: list[tuple[list[int], Any, Any, Message]] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)
+    drops: list[tuple[str, int]] = field(default_factory=list)
+
+
+def screen_replies(replies: Iterable[Message], assigned: dict[int, list[int]], sent: dict[int, list[int]],
+                   server_round: int) -> Screened:
+    """Node-level checks of one round's replies, a pure function of its arguments.
+
+    A reply is dropped when its node was sent nothing this round (``unexpected_users``, 0 users),
+    when it is a second reply of a node (``duplicate``, 0), when it carries an error
+    (``client_error``), when it answers another round's message (``stale``), or when the user ids
+    it reports are not the ones sent to that node (``unexpected_users``); the last three drop the
+    node's assigned users. ``assigned``/``sent``: node → global user ids / the ids as sent.
+    """
+    out = Screened()
+    for msg in replies:
+        node = msg.metadata.src_node_id
+        users = assigned.get(node)
+        if users is None:  # a node this round sent nothing to (its users were not sampled)
+            out.drops.append(("unexpected_users", 0))
+            continue
+        if node in out.seen:  # a second reply from the same node: the first one counts
+            out.drops.append(("duplicate", 0))
+            continue
+        out.seen.add(node)
+        if msg.has_error():
+            out.drops.append(("client_error", len(users)))
+            continue
+        if msg.metadata.group_id != f"train-{server_round - 1}":
+            out.drops.append(("stale", len(users)))  # a reply to another round's message
+            continue
+        metrics = msg.content.metric_records.get(protocol.METRICS)
+        reported = list(metrics.get("user_ids", [])) if metrics is not None else None
+        if reported is None or [int(u) for u in reported] != sent[node]:
+            out.drops.append(("unexpected_users", len(users)))
+            continue
+        out.valid.append((users, UserLevelDPStrategy._extract_update(msg), metrics, msg))
+    return out
+
+
+@dataclass
+class RoundStats:
+    """Side statistics summed over one round's accepted replies, and the server-EF residual sum.
+
+    ``centred`` is Σ(b_i − ½) with b_i = 1[‖Δ_i‖ ≤ c_t] over accepted users (adaptive clipping).
+    """
+
+    losses: list[float] = field(default_factory=list)
+    examples: int = 0
+    clipped: int = 0
+    failed_users: int = 0
+    nonfinite_users: int = 0
+    centred: float = 0.0
+    residual: Any = None
+
+    def add_metrics(self, metrics: Any, m: int) -> None:
+        """Add one accepted reply's metrics for its ``m`` users (counts are clamped to [0, m])."""
+        self.losses.extend(v for v in (_as_float(x) for x in metrics.get("user_loss", [])) if np.isfinite(v))
+        self.examples += int(sum(metrics.get("user_examples", [])))
+        self.failed_users += min(max(_as_int(metrics.get("failed_users", 0)), 0), m)
+        self.nonfinite_users += min(max(_as_int(metrics.get("nonfinite_users", 0)), 0), m)
+        n_clip = min(max(_as_int(metrics.get("num_clipped", 0)), 0), m)  # guard: 0 ≤ · ≤ m
+        self.clipped += n_clip
+        self.centred += m / 2.0 - n_clip
+
+
 class UserLevelDPStrategy(Strategy):
     """User-level DP with a fixed denominator, on any noise mechanism and server optimizer.
 
@@ -68,14 +146,29 @@ class UserLevelDPStrategy(Strategy):
         audit's canaries, :mod:`fedsim.audit`): the sampler draws them like everyone else; no
         message is sent for them; ``synthetic.update_sum(user_ids, t, clip_norm, dim)`` gives
         the sum of their (already clipped) updates, which passes the same guard as a reply.
+    stop : an event set by the first SIGINT/SIGTERM: the round in flight is abandoned before
+        aggregation and :meth:`run` returns (default None: never).
+    client_evaluations : local-training passes per user (2 for DiSK's two-point estimate); recorded
+        in every metrics row. Default 1.
+    ef_mode : clipping error feedback, ``none`` (default), ``client`` (users' states in
+        ``client_store``, sent down and back with each message) or ``server`` (replies carry
+        residual sums).
+    client_store : the users' error-feedback states (:class:`fedsim.error_feedback.ClientStateStore`)
+        for ``ef_mode = "client"``; default None.
+    update_clip : the per-user bound of replies when it differs from the noise's
+        ``server.clip_norm`` (server error feedback: ``c₁``); default None (the same).
+    owners : deployment's global user → (node id, the node's local index), from the census
+        (:func:`census`); default None (simulation: any worker trains any user).
     """
 
     def __init__(self, *, server: DPServer, sampler: CohortSampler, task_json: str,
                  train_costs: np.ndarray, rounds: int, eval_users: list[int], eval_costs: np.ndarray,
                  eval_every: int, eval_max_examples: int, round_timeout: float, min_nodes: int = 1,
                  min_valid_replies: int = 0,
-                 on_round_end: Callable[[dict[str, Any], "UserLevelDPStrategy"], None] | None = None,
-                 synthetic: Any = None, stop: threading.Event | None = None) -> None:
+                 on_round_end: Callable[[dict[str, Any], UserLevelDPStrategy], None] | None = None,
+                 synthetic: Any = None, stop: threading.Event | None = None, client_evaluations: int = 1,
+                 ef_mode: str = "none", client_store: Any = None, update_clip: float | None = None,
+                 owners: dict[int, tuple[int, int]] | None = None) -> None:
         self.server = server
         self.sampler = sampler
         self.task_json = task_json
@@ -98,18 +191,18 @@ class UserLevelDPStrategy(Strategy):
         #: seconds between two polls of the grid for replies.
         self.pull_interval = 0.05
         #: local-training passes per user (2 for DiSK two_point): recorded in every metrics row.
-        self.client_evaluations = 1
+        self.client_evaluations = int(client_evaluations)
         #: clipping error feedback: ``none`` | ``client`` (users' states in ``client_store``,
         #: sent down and back with each message) | ``server`` (replies carry residual sums).
-        self.ef_mode = "none"
-        self.client_store: Any = None
+        self.ef_mode = ef_mode
+        self.client_store: Any = client_store
         #: per-user bound of the replies when it differs from the noise's ``server.clip_norm``
         #: (server error feedback: replies are bounded by ``c₁``, the noise scales with another norm).
-        self.update_clip: float | None = None
+        self.update_clip = update_clip
         self.aggregator = UpdateAggregator(server.params.numel(), server.clip_norm, server.params.device)
         #: deployment: global user → (node id, the node's local index of that user), from the
         #: census (:func:`census`). None in simulation (any worker trains any user).
-        self.owners: dict[int, tuple[int, int]] | None = None
+        self.owners = owners
         self._assigned: dict[int, list[int]] = {}
         self._sent: dict[int, list[int]] = {}
         self._cohort: list[int] = []
@@ -195,62 +288,60 @@ class UserLevelDPStrategy(Strategy):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Screen the replies, sum the accepted ones in a canonical order, add the noise
+        (:meth:`DPServer.step`) and record the round's metrics row."""
         agg = self.aggregator
         agg.reset()
-        seen: set[int] = set()
-        losses: list[float] = []
-        examples = 0
-        clipped = 0
-        failed_users = nonfinite_users = 0
-        centred = 0.0  # Σ(b_i − ½), b_i = 1[‖Δ_i‖ ≤ c_t], over accepted users (adaptive clipping)
-        valid: list[tuple[list[int], Any, Any]] = []
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            users = self._assigned.get(node)
-            if users is None:  # a node this round sent nothing to (its users were not sampled)
-                agg.drop("unexpected_users", 0)
-                continue
-            if node in seen:  # a second reply from the same node: the first one counts
-                agg.drop("duplicate", 0)
-                continue
-            seen.add(node)
-            if msg.has_error():
-                agg.drop("client_error", len(users))
-                continue
-            if msg.metadata.group_id != f"train-{server_round - 1}":
-                agg.drop("stale", len(users))  # a reply to another round's message
-                continue
-            metrics = msg.content.metric_records.get(protocol.METRICS)
-            reported = list(metrics.get("user_ids", [])) if metrics is not None else None
-            if reported is None or [int(u) for u in reported] != self._sent[node]:
-                agg.drop("unexpected_users", len(users))
-                continue
-            valid.append((users, self._extract_update(msg), metrics, msg))
-        # Sum in a canonical order (by assigned users), not arrival order: float32 addition
-        # is not associative, and runs (and resumed runs) must be bit-identical.
-        residual = None
+        screened = screen_replies(replies, self._assigned, self._sent, server_round)
+        for reason, users in screened.drops:
+            agg.drop(reason, users)
+        stats = self._accumulate(screened.valid)
+        for node, users in self._assigned.items():
+            if node not in screened.seen:
+                agg.drop("missing", len(users))
+        self._require_enough_replies(server_round)
+        if self.synthetic is not None and self._synthetic_cohort:
+            ids = self._synthetic_cohort
+            if agg.add(self.synthetic.update_sum(ids, server_round - 1, self.aggregator.clip_norm,
+                                                 agg.dim).numpy(), len(ids)) is None:
+                stats.centred += len(ids) / 2.0  # canaries' updates have norm c: they fit
+        c_t = self.server.clip_norm
+        if self.server.ledger.silo is not None:  # every silo that was asked to train spent budget
+            self.server.ledger.silo.record([u for users in self._assigned.values() for u in users])
+        residual = stats.residual
+        if self.ef_mode == "server" and residual is None:
+            residual = np.zeros(agg.dim, dtype=np.float32)
+        eps = self.server.step(agg.total, realized_cohort=len(self._cohort), centred_count=stats.centred,
+                               residual_sum=None if residual is None else torch.from_numpy(residual))
+        self._last_train = self._train_row(eps, c_t, stats)
+        mr = MetricRecord({k: v for k, v in self._last_train.items()
+                           if isinstance(v, (int, float)) and v is not None})
+        return self._params_record(), mr
+
+    def _accumulate(self, valid: list[tuple[list[int], Any, Any, Message]]) -> RoundStats:
+        """Add the screened replies to the aggregator in a canonical order (by assigned users,
+        not arrival order: float32 addition is not associative, and runs and resumed runs must
+        be bit-identical), keeping the error-feedback payloads and the side statistics."""
+        agg = self.aggregator
+        stats = RoundStats()
         for users, update, metrics, msg in sorted(valid, key=lambda v: v[0]):
             extra = self._extract_ef(msg, users)
             if extra is None:
                 agg.drop("bad_state", len(users))
                 continue
-            if agg.add(update, len(users)) is None:
-                if self.ef_mode == "client":
-                    for u, e in extra.items():
-                        self.client_store.put(u, e)
-                elif self.ef_mode == "server":
-                    residual = extra if residual is None else residual + extra
-                losses.extend(v for v in (_as_float(x) for x in metrics.get("user_loss", [])) if np.isfinite(v))
-                examples += int(sum(metrics.get("user_examples", [])))
-                m = len(users)
-                failed_users += min(max(_as_int(metrics.get("failed_users", 0)), 0), m)
-                nonfinite_users += min(max(_as_int(metrics.get("nonfinite_users", 0)), 0), m)
-                n_clip = min(max(_as_int(metrics.get("num_clipped", 0)), 0), m)  # guard: 0 ≤ · ≤ m
-                clipped += n_clip
-                centred += m / 2.0 - n_clip
-        for node, users in self._assigned.items():
-            if node not in seen:
-                agg.drop("missing", len(users))
+            if agg.add(update, len(users)) is not None:
+                continue
+            if self.ef_mode == "client":
+                for u, e in extra.items():
+                    self.client_store.put(u, e)
+            elif self.ef_mode == "server":
+                stats.residual = extra if stats.residual is None else stats.residual + extra
+            stats.add_metrics(metrics, len(users))
+        return stats
+
+    def _require_enough_replies(self, server_round: int) -> None:
+        """Stop the run before the noise when fewer than ``sim.min_valid_replies`` replies count."""
+        agg = self.aggregator
         needed = min(self.min_valid_replies, len(self._assigned))
         if agg.accepted_replies < needed:
             raise FedsimError(
@@ -259,41 +350,30 @@ class UserLevelDPStrategy(Strategy):
                 f"{ {k: v for k, v in agg.drop_counts().items() if v} }). The run stopped before adding "
                 f"noise; no privacy was spent on this round. Fix the clients, then `fedsim run --resume`."
             )
-        if self.synthetic is not None and self._synthetic_cohort:
-            ids = self._synthetic_cohort
-            if agg.add(self.synthetic.update_sum(ids, server_round - 1, self.aggregator.clip_norm,
-                                                 agg.dim).numpy(), len(ids)) is None:
-                centred += len(ids) / 2.0  # canaries' updates have norm c: they fit
-        c_t = self.server.clip_norm
-        if self.server.ledger.silo is not None:  # every silo that was asked to train spent budget
-            self.server.ledger.silo.record([u for users in self._assigned.values() for u in users])
-        if self.ef_mode == "server" and residual is None:
-            residual = np.zeros(agg.dim, dtype=np.float32)
-        eps = self.server.step(agg.total, realized_cohort=len(self._cohort), centred_count=centred,
-                               residual_sum=None if residual is None else torch.from_numpy(residual))
-        self._last_train = {
+
+    def _train_row(self, eps: float, c_t: float, stats: RoundStats) -> dict[str, Any]:
+        """The round's training metrics (side statistics, :mod:`fedsim.metrics`)."""
+        agg = self.aggregator
+        silo = self.server.ledger.silo
+        controller = self.server.clip_controller
+        return {
             "epsilon": eps,
-            "train_loss": float(np.mean(losses)) if losses else None,
+            "train_loss": float(np.mean(stats.losses)) if stats.losses else None,
             "cohort_size": len(self._cohort),
             "accepted_updates": agg.accepted_users,
             "dropped_updates": agg.dropped_users,
             "dropped_replies": agg.dropped_replies,
             "drop_reasons": agg.drop_counts(),
             "server_reclipped": agg.server_clipped,
-            "failed_users": failed_users,
-            "nonfinite_users": nonfinite_users,
-            "clipped_fraction": clipped / agg.accepted_users if agg.accepted_users else None,
+            "failed_users": stats.failed_users,
+            "nonfinite_users": stats.nonfinite_users,
+            "clipped_fraction": stats.clipped / agg.accepted_users if agg.accepted_users else None,
             "clip_norm": c_t,
             "client_evaluations_per_user": self.client_evaluations,
-            "example_epsilon_max": (None if self.server.ledger.silo is None
-                                    else self.server.ledger.silo.max_epsilon),
-            "unclipped_fraction_noisy": (None if self.server.clip_controller is None
-                                         else self.server.clip_controller.last_fraction),
-            "train_examples": examples,
+            "example_epsilon_max": None if silo is None else silo.max_epsilon,
+            "unclipped_fraction_noisy": None if controller is None else controller.last_fraction,
+            "train_examples": stats.examples,
         }
-        mr = MetricRecord({k: v for k, v in self._last_train.items()
-                           if isinstance(v, (int, float)) and v is not None})
-        return self._params_record(), mr
 
     # --------------------------------------------------------------- evaluate
     def eval_due(self, server_round: int) -> bool:

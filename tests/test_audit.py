@@ -59,7 +59,7 @@ def test_equal_variances_is_the_gaussian_mechanism(mu, delta):
 
 
 def _hockey_stick_numeric(eps, mp, sp, mq, sq):
-    f = lambda x: max(0.0, stats.norm.pdf(x, mp, sp) - math.exp(eps) * stats.norm.pdf(x, mq, sq))  # noqa: E731
+    f = lambda x: max(0.0, stats.norm.pdf(x, mp, sp) - math.exp(eps) * stats.norm.pdf(x, mq, sq))
     lo, hi = min(mp - 15 * sp, mq - 15 * sq), max(mp + 15 * sp, mq + 15 * sq)
     return integrate.quad(f, lo, hi, points=[mp, mq], limit=500, epsabs=1e-13)[0]
 

@@ -6,16 +6,14 @@ Each test starts Ray (≈15–30 s on 2 cores); they are marked ``e2e``.
 from __future__ import annotations
 
 import json
-import math
 
-import numpy as np
 import pytest
 import torch
 from dp_accounting import dp_event
 from dp_accounting.pld import PLDAccountant
 
-from fedsim.config import load_config
 from fedsim.checkpoint import load_checkpoint
+from fedsim.config import load_config
 from fedsim.privacy.ledger import recompute_epsilon
 from fedsim.simulation import model_sha256, prepare
 

@@ -11,7 +11,6 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from test_cli import run_cli
 
 #: Inputs the fuzz tests tried (reported by the last test of this module).

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from fedsim.config import load_config
-from fedsim.errors import FedsimError
 from fedsim.error_feedback import (
     ClientStateStore,
     ServerErrorFeedback,
@@ -15,6 +14,7 @@ from fedsim.error_feedback import (
     client_ef_update,
     server_noise_norm,
 )
+from fedsim.errors import FedsimError
 from fedsim.privacy.clipping import clip_vector
 
 # DiceSGD Appendix B.1: C = 1, C' = ⌈C⌉ + 1 = 2, N = C' + 1 = 3 clients with ξ = (−1, −1, C').

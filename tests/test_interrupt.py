@@ -72,7 +72,7 @@ def _finish(p: subprocess.Popen, mark: str) -> tuple[int, str, str]:
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         stdout, stderr = p.communicate()
-        raise AssertionError(f"the run hung after the signal: {stderr[-2000:]}")
+        raise AssertionError(f"the run hung after the signal: {stderr[-2000:]}") from None
     deadline = time.monotonic() + 10.0
     while _marked(mark) and time.monotonic() < deadline:
         time.sleep(0.2)

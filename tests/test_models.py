@@ -17,7 +17,7 @@ def _conv(cin: int, cout: int, k: int, bias: bool = True) -> int:
 
 
 def _resnet18_gn(channels: int, classes: int) -> int:
-    gn = lambda c: 2 * c  # noqa: E731 - GroupNorm: a scale and a shift per channel
+    gn = lambda c: 2 * c
     total = _conv(channels, 64, 3, bias=False) + gn(64)
     cin = 64
     for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):

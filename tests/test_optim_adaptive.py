@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -186,7 +186,7 @@ def _pure_noise_run(phi: Callable[[int], float], steps: int, d: int = 200_000, b
 def test_adambc_pure_noise_second_moment_tracks_phi(kind: str):
     phi = (lambda t: 2.0) if kind == "constant" else (lambda t: 1.0 + 0.8 * math.sin(t / 7) + 0.01 * t)
     rows = _pure_noise_run(phi, 60)
-    for t, v_mean, phi_bc, phi_t, at_floor, vhat_mean in rows:
+    for t, v_mean, phi_bc, _phi_t, at_floor, vhat_mean in rows:
         # E[v_t] = φ_t exactly (bias-corrected both sides), for any Φ_t sequence
         assert v_mean == pytest.approx(phi_bc, rel=0.02), t
         if t >= 10:

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import PLDAccountant
-
 from test_cli import run_cli
 
 N, K = 24, 6

@@ -117,7 +117,7 @@ def _tar_bz2(path: Path, member: str, data: bytes) -> None:
 
 
 def test_count_archives_extract_and_verify(tmp_path):
-    text = "the 10\nof 7\n".encode()
+    text = b"the 10\nof 7\n"
     _tar_bz2(tmp_path / (WORD_COUNT + ".tar.bz2"), WORD_COUNT, text)
     p = count_file(tmp_path, WORD_COUNT)
     assert p.read_bytes() == text

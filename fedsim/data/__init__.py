@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ class DataSpec:
     num_classes: int = 10
 
     @classmethod
-    def from_config(cls, cfg: DataConfig) -> "DataSpec":
+    def from_config(cls, cfg: DataConfig) -> DataSpec:
         return cls(cfg.name, cfg.max_users, cfg.subset_seed, cfg.min_chars, cfg.window, cfg.cache_dir,
                    cfg.root, cfg.vocab_size, cfg.tag_vocab_size, cfg.seq_len, cfg.num_oov_buckets,
                    cfg.max_elements_per_user, cfg.num_clients, cfg.partition_alpha, cfg.samples_per_user,
@@ -60,7 +60,7 @@ class DataSpec:
         return json.dumps(self.__dict__, sort_keys=True)
 
     @classmethod
-    def from_json(cls, s: str) -> "DataSpec":
+    def from_json(cls, s: str) -> DataSpec:
         return cls(**json.loads(s))
 
 

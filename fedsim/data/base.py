@@ -4,8 +4,8 @@ memory-mapped user-contiguous arrays."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np

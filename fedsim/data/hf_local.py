@@ -50,7 +50,7 @@ def load_hf_folder(root: str | Path, cache_dir: Path | None = None) -> dict[str,
     if (root / "dataset_dict.json").exists() or (root / "state.json").exists():
         try:
             ds = datasets.load_from_disk(str(root))
-        except Exception as e:  # noqa: BLE001 - any load failure is the user's folder
+        except Exception as e:
             raise FedsimError(f"{root}: could not load the datasets.save_to_disk folder ({e})") from None
         return dict(ds) if isinstance(ds, datasets.DatasetDict) else {"train": ds}
     for kind, suffix in (("parquet", "*.parquet"), ("csv", "*.csv")):
@@ -63,7 +63,7 @@ def load_hf_folder(root: str | Path, cache_dir: Path | None = None) -> dict[str,
         try:
             dd = datasets.load_dataset(kind, data_files=by_split,
                                        cache_dir=None if cache_dir is None else str(cache_dir / "hf"))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise FedsimError(f"{root}: could not read the {kind} files ({e})") from None
         return dict(dd)
     raise FedsimError(f"{root}: neither a datasets.save_to_disk folder (dataset_dict.json / state.json) "

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+
 from fedsim.data import shakespeare
 from fedsim.data.base import CachedArrays, TopOneClassification
 from fedsim.data.hf_local import build_once, cache_folder, load_hf_folder, split_source, user_contiguous

@@ -61,7 +61,7 @@ class SyntheticClassification(TopOneClassification):
         self._cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 
     @property
-    def names(self) -> "_Names":
+    def names(self) -> _Names:
         return _Names(self.users)
 
     @property

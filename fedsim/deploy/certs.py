@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import re
 import os
+import re
 from pathlib import Path
 
 from cryptography import x509
@@ -62,7 +62,7 @@ def make_ca(out: Path, common_name: str = "fedsim deployment CA", days: int = 36
     """Write ``ca.pem`` and ``ca.key`` into ``out``; return the key and certificate."""
     key = ec.generate_private_key(ec.SECP384R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=days))
@@ -84,7 +84,7 @@ def make_server_cert(out: Path, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x50
     if not hosts:
         raise FedsimError("give at least one --host (the names and addresses clients use to reach the SuperLink)")
     key = ec.generate_private_key(ec.SECP384R1())
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
             .issuer_name(ca_cert.subject).public_key(key.public_key())

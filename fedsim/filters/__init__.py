@@ -13,8 +13,19 @@ from fedsim.filters.base import Filter, IdentityFilter
 from fedsim.filters.doppler import DEFAULT_PRESET, PRESETS, DopplerFilter, validate_coefficients
 from fedsim.filters.ema import DISK_MODES, DiskFilter, EMAFilter
 
-__all__ = ["Filter", "IdentityFilter", "DopplerFilter", "EMAFilter", "DiskFilter", "make_filter",
-           "FILTERS", "PRESETS", "DEFAULT_PRESET", "DISK_MODES", "validate_coefficients"]
+__all__ = [
+    "DEFAULT_PRESET",
+    "DISK_MODES",
+    "FILTERS",
+    "PRESETS",
+    "DiskFilter",
+    "DopplerFilter",
+    "EMAFilter",
+    "Filter",
+    "IdentityFilter",
+    "make_filter",
+    "validate_coefficients",
+]
 
 #: Filter names accepted by :func:`make_filter` and the parameters each takes.
 FILTERS: dict[str, tuple[type[Filter], tuple[str, ...]]] = {

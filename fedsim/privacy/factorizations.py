@@ -395,7 +395,7 @@ def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int):
     change = np.inf
     iterations = 0
     converged = False
-    for iterations in range(1, max_iter + 1):
+    for iterations in range(1, max_iter + 1):  # noqa: B007 - read after the loop
         s = np.sqrt(v)
         root_e, U = _sqrt_psd(s[:, None] * W * s[None, :])
         v_new = (U * U) @ root_e  # diag(U diag(√e) Uᵀ)
@@ -424,7 +424,7 @@ def _dense_iterate_torch(W: np.ndarray, tol: float, max_iter: int, device: str):
                           "leave the device unset (numpy on the CPU) or run on a GPU machine")
     Wt = torch.as_tensor(W, dtype=torch.float64, device=dev)
 
-    def sqrt_psd(s: "torch.Tensor"):
+    def sqrt_psd(s: torch.Tensor):
         e, U = torch.linalg.eigh(s[:, None] * Wt * s[None, :])
         return e.clamp_min(0.0).sqrt(), U
 
@@ -432,7 +432,7 @@ def _dense_iterate_torch(W: np.ndarray, tol: float, max_iter: int, device: str):
     change = float("inf")
     iterations = 0
     converged = False
-    for iterations in range(1, max_iter + 1):
+    for iterations in range(1, max_iter + 1):  # noqa: B007 - read after the loop
         root_e, U = sqrt_psd(v.sqrt())
         v_new = (U * U) @ root_e
         change = float(((v_new - v).abs() / v.abs()).max())

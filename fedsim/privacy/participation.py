@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 from fedsim.errors import FedsimError
 
-
 ASSIGNMENTS = ("keyed", "shuffle")
 
 

@@ -82,7 +82,7 @@ class PrivacyKey:
         self._secret = secret
 
     @classmethod
-    def from_seed(cls, seed: int) -> "PrivacyKey":
+    def from_seed(cls, seed: int) -> PrivacyKey:
         """The simulation key of config seed ``seed`` (any integer): BLAKE2b-256 keyed with a
         fixed fedsim constant over the seed's decimal digits. Reproducible, hence not secret."""
         h = hashlib.blake2b(_encode_labels(["seed", int(seed)]), key=_SEED_KEY, digest_size=KEY_BYTES,
@@ -90,16 +90,16 @@ class PrivacyKey:
         return cls(h.digest())
 
     @classmethod
-    def of(cls, key_or_seed: "PrivacyKey | int") -> "PrivacyKey":
+    def of(cls, key_or_seed: PrivacyKey | int) -> PrivacyKey:
         """``key_or_seed`` itself if it is a key, else :meth:`from_seed` of the integer."""
         return key_or_seed if isinstance(key_or_seed, PrivacyKey) else cls.from_seed(int(key_or_seed))
 
     @classmethod
-    def generate(cls) -> "PrivacyKey":
+    def generate(cls) -> PrivacyKey:
         """A fresh key from the OS CSPRNG (``secrets``): deployment, and each silo's own key."""
         return cls(secrets.token_bytes(KEY_BYTES))
 
-    def derive(self, *labels: object) -> "PrivacyKey":
+    def derive(self, *labels: object) -> PrivacyKey:
         """An independent sub-key for the purpose named by ``labels`` (ints, strings, bytes)."""
         h = hashlib.blake2b(_encode_labels(labels), key=self._secret, digest_size=KEY_BYTES,
                             person=_KDF_PERSON)
@@ -122,7 +122,7 @@ class PrivacyKey:
         return {"secret": self._secret}
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> "PrivacyKey":
+    def from_state_dict(cls, state: dict[str, Any]) -> PrivacyKey:
         return cls(state["secret"])
 
 

@@ -60,7 +60,7 @@ def _attack(scheme, n_rounds: int, C: np.ndarray, sens: float, names: list[str])
     r_d = _rounds_by_name(make_sampler(scheme, 11, names), names, n_rounds)
     r_dx = _rounds_by_name(make_sampler(scheme, 11, names_x), names_x, n_rounds)
     g_d, g_dx = np.zeros(n_rounds), np.zeros(n_rounds)
-    for name, rs in r_d.items():
+    for rs in r_d.values():
         g_d[rs] += 1.0
     for name, rs in r_dx.items():
         g_dx[rs] += -1.0 if name == X_NAME else 1.0

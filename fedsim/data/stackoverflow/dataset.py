@@ -29,12 +29,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsim.data.base import UserCounts
 from fedsim.data.stackoverflow.database import StackOverflowDB
 from fedsim.data.stackoverflow.example_proto import decode_example
 from fedsim.data.stackoverflow.files import TAG_COUNT, WORD_COUNT, count_file, sqlite_path
 from fedsim.data.stackoverflow.preprocess import NWPSpec, nwp_accuracy_counts, tag_xy, topk_counts
 from fedsim.data.stackoverflow.vocab import load_tag_vocab, load_word_vocab
-from fedsim.data.base import UserCounts
 from fedsim.errors import FedsimError
 
 CACHE_USERS = 8

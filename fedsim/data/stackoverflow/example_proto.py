@@ -63,15 +63,15 @@ one slice per string value, single-byte varints (almost every tag and length) re
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from fedsim.errors import FedsimError
 
 __all__ = [
     "BYTES",
+    "FEATURES",
     "FLOAT",
     "INT64",
-    "FEATURES",
     "decode_example",
     "decode_features",
     "encode_example",
@@ -317,11 +317,22 @@ def _feature(buf: bytes, spans: tuple[int, ...]) -> tuple[str | None, list]:
 
 def _entries(buf: bytes) -> list[tuple[bytes, tuple[int, ...]]]:
     """All map entries of all ``features`` fields, in order: (key, value byte ranges)."""
-    entries = []
-    append = entries.append
+    entries: list[tuple[bytes, tuple[int, ...]]] = []
     end = len(buf)
     pos = 0
     while pos < end:  # Example
+        span = _next_field1(buf, pos, end, "the features field runs past the end of the Example")
+        if span is None:
+            break
+        pos = _features(buf, span[0], span[1], entries.append)
+    return entries
+
+
+def _next_field1(buf: bytes, pos: int, end: int, what: str) -> tuple[int, int] | None:
+    """The payload ``(start, stop)`` of the next length-delimited field number 1 in
+    ``buf[pos:end]``, skipping other fields; None when none is left. ``what`` names the field in
+    the error raised when its length runs past ``end``."""
+    while pos < end:
         tag = buf[pos]
         if tag < 0x80:
             pos += 1
@@ -335,67 +346,70 @@ def _entries(buf: bytes) -> list[tuple[bytes, tuple[int, ...]]]:
             pos += 1
         else:
             n, pos = _varint(buf, pos, end)
-        fend = pos + n
-        if fend > end:
-            raise _corrupt("the features field runs past the end of the Example")
-        while pos < fend:  # Features
-            tag = buf[pos]
-            if tag < 0x80:
-                pos += 1
-            else:
-                tag, pos = _varint(buf, pos, fend)
-            if tag != 0x0A:
-                pos = _skip(buf, pos, fend, tag)
-                continue
-            n = buf[pos]
-            if n < 0x80:
-                pos += 1
-            else:
-                n, pos = _varint(buf, pos, fend)
-            eend = pos + n
-            if eend > fend:
-                raise _corrupt("a feature map entry runs past the end of its Features")
-            if n and buf[pos] == 0x0A:
-                # Fast path for what TF writes: 0a K <key> 12 V <Feature>, filling the entry.
-                k = buf[pos + 1]
-                if k < 0x80:
-                    q = pos + 2 + k
-                    if q < eend and buf[q] == 0x12:
-                        v = buf[q + 1]
-                        if v < 0x80:
-                            vs = q + 2
-                        else:
-                            v, vs = _varint(buf, q + 1, eend)
-                        if vs + v == eend:
-                            append((buf[pos + 2:q], (vs, eend)))
-                            pos = eend
-                            continue
-            key = b""
-            spans: tuple[int, ...] = ()
-            while pos < eend:  # map entry
-                tag = buf[pos]
-                if tag < 0x80:
-                    pos += 1
-                else:
-                    tag, pos = _varint(buf, pos, eend)
-                if tag != 0x0A and tag != 0x12:
-                    pos = _skip(buf, pos, eend, tag)
-                    continue
-                n = buf[pos]
-                if n < 0x80:
-                    pos += 1
-                else:
-                    n, pos = _varint(buf, pos, eend)
-                q = pos + n
-                if q > eend:
-                    raise _corrupt("a feature name or value runs past the end of its map entry")
-                if tag == 0x0A:
-                    key = buf[pos:q]
-                else:
-                    spans += (pos, q)
-                pos = q
-            append((key, spans))
-    return entries
+        if pos + n > end:
+            raise _corrupt(what)
+        return pos, pos + n
+    return None
+
+
+def _features(buf: bytes, pos: int, fend: int, append: Callable[[tuple[bytes, tuple[int, ...]]], None]) -> int:
+    """The map entries of one Features message ``buf[pos:fend]``, passed to ``append``; returns
+    the position after it."""
+    while pos < fend:  # Features
+        span = _next_field1(buf, pos, fend, "a feature map entry runs past the end of its Features")
+        if span is None:
+            return fend
+        pos, eend = span
+        entry = _tf_entry(buf, pos, eend) if eend > pos and buf[pos] == 0x0A else None
+        append(entry if entry is not None else _map_entry(buf, pos, eend))
+        pos = eend
+    return pos
+
+
+def _tf_entry(buf: bytes, pos: int, eend: int) -> tuple[bytes, tuple[int, ...]] | None:
+    """Fast path for what TF writes, ``0a K <key> 12 V <Feature>`` filling the entry exactly;
+    None when the entry has another shape (then :func:`_map_entry` reads it)."""
+    k = buf[pos + 1]
+    if k >= 0x80:
+        return None
+    q = pos + 2 + k
+    if q >= eend or buf[q] != 0x12:
+        return None
+    v = buf[q + 1]
+    if v < 0x80:
+        vs = q + 2
+    else:
+        v, vs = _varint(buf, q + 1, eend)
+    return (buf[pos + 2:q], (vs, eend)) if vs + v == eend else None
+
+
+def _map_entry(buf: bytes, pos: int, eend: int) -> tuple[bytes, tuple[int, ...]]:
+    """One map entry ``buf[pos:eend]`` in any field order: (key, value byte ranges)."""
+    key = b""
+    spans: tuple[int, ...] = ()
+    while pos < eend:  # map entry
+        tag = buf[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = _varint(buf, pos, eend)
+        if tag != 0x0A and tag != 0x12:
+            pos = _skip(buf, pos, eend, tag)
+            continue
+        n = buf[pos]
+        if n < 0x80:
+            pos += 1
+        else:
+            n, pos = _varint(buf, pos, eend)
+        q = pos + n
+        if q > eend:
+            raise _corrupt("a feature name or value runs past the end of its map entry")
+        if tag == 0x0A:
+            key = buf[pos:q]
+        else:
+            spans += (pos, q)
+        pos = q
+    return key, spans
 
 
 def _as_bytes(blob: bytes | bytearray | memoryview) -> bytes:

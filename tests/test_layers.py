@@ -1,0 +1,153 @@
+"""The layers point one way (docs/architecture.md): no import cycle among fedsim/, strategies/ and
+clients/ — imports inside functions included — the core imports neither Flower nor Ray, and
+nothing below the runner imports the runner back."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("fedsim", "strategies", "clients")
+#: the runner layer: builds runs from configs and drives engines; only it (and the CLI) may import
+#: strategies/ and clients/, and only it may import itself.
+RUNNER = ("fedsim.simulation", "fedsim.audit", "fedsim.cli", "fedsim.deploy.runconfig", "fedsim.deploy.serverapp")
+#: Flower glue inside fedsim/ (the in-process grid): may import Flower, not the runner.
+FLOWER_GLUE = ("fedsim.engine",)
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for f in (ROOT / pkg).rglob("*.py"):
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = f
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the project modules it imports anywhere in its source (a package import counts
+    as an import of the package's ``__init__``)."""
+    mods = modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, f in mods.items():
+        package = m if f.name == "__init__.py" else m.rpartition(".")[0]
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    origin = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    origin = node.module or ""
+                targets = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in mods else origin for a in node.names]
+            for t in targets:
+                r = resolve(t)
+                if r is not None and r != m:
+                    graph[m].add(r)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles_with_function_level_imports():
+    graph = import_graph()
+    assert len(graph) > 60
+    assert cycles(graph) == []
+
+
+def test_only_the_runner_imports_the_runner_strategies_and_clients():
+    graph = import_graph()
+    upper = set(RUNNER)
+    for m, targets in graph.items():
+        if m in upper:
+            continue
+        below_runner = targets & upper
+        assert not below_runner, f"{m} imports the runner module(s) {sorted(below_runner)}"
+        if m.startswith("fedsim."):
+            flower_side = {t for t in targets if t.split(".")[0] in ("strategies", "clients")}
+            assert not flower_side, f"core module {m} imports {sorted(flower_side)}"
+
+
+def test_the_core_imports_without_flower_and_ray():
+    """Every fedsim module except the runner and the Flower glue imports with ``flwr`` and
+    ``ray`` made unimportable (in a fresh interpreter)."""
+    core = sorted(m for m in modules() if m.startswith("fedsim") and m not in RUNNER and m not in FLOWER_GLUE)
+    code = (
+        "import importlib, sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('flwr', 'ray'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "bad = []\n"
+        f"for m in {core!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(m)\n"
+        "    except ImportError as e:\n"
+        "        bad.append((m, str(e)))\n"
+        "assert 'flwr' not in sys.modules and 'ray' not in sys.modules\n"
+        "print(bad)\n"
+        "sys.exit(1 if bad else 0)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(core) > 50
