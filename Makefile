@@ -13,7 +13,7 @@ export HF_DATASETS_OFFLINE := 1
 export OMP_NUM_THREADS ?= 1
 export RAY_DEDUP_LOGS := 0
 
-.PHONY: install run test test-slow clean
+.PHONY: install run lint test test-slow clean
 
 install: $(STAMP)
 
@@ -28,7 +28,13 @@ $(STAMP): pyproject.toml requirements/lock.txt
 run: install
 	$(VENV)/bin/fedsim run
 
-test: install
+# ruff (lint, complexity ≤ 15, format) and mypy (strict for fedsim/privacy), then the tests
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest -q
 
 test-slow: install

@@ -23,13 +23,34 @@ from pathlib import Path
 
 RUNS: dict[str, list[str]] = {
     "default": [],
-    "banded": ["rounds=24", "privacy.mechanism='banded'", "sampling.scheme='min_sep'", "sampling.min_sep=4",
-               "data.max_users=120", "eval.every=12", "eval.max_users=20"],
-    "dense": ["rounds=16", "privacy.mechanism='dense'", "sampling.scheme='epochs'", "sampling.min_sep=4",
-              "data.max_users=120", "eval.every=8", "eval.max_users=20"],
-    "adaptive_clip": ["rounds=20", "privacy.mechanism='gaussian'", "sampling.scheme='poisson'",
-                      "sampling.cohort_size=20", "data.max_users=200", "clipping.adaptive=true",
-                      "eval.every=10", "eval.max_users=20"],
+    "banded": [
+        "rounds=24",
+        "privacy.mechanism='banded'",
+        "sampling.scheme='min_sep'",
+        "sampling.min_sep=4",
+        "data.max_users=120",
+        "eval.every=12",
+        "eval.max_users=20",
+    ],
+    "dense": [
+        "rounds=16",
+        "privacy.mechanism='dense'",
+        "sampling.scheme='epochs'",
+        "sampling.min_sep=4",
+        "data.max_users=120",
+        "eval.every=8",
+        "eval.max_users=20",
+    ],
+    "adaptive_clip": [
+        "rounds=20",
+        "privacy.mechanism='gaussian'",
+        "sampling.scheme='poisson'",
+        "sampling.cohort_size=20",
+        "data.max_users=200",
+        "clipping.adaptive=true",
+        "eval.every=10",
+        "eval.max_users=20",
+    ],
 }
 
 
@@ -44,10 +65,13 @@ def fingerprint(out: Path) -> dict[str, str]:
     for r in rows:
         r.pop("seconds", None)
     ledger = json.loads((out / "ledger.json").read_text())
-    return {"model_sha256": summary["model_sha256"], "rows": str(len(rows)),
-            "metrics_sha256": _sha(json.dumps(rows, sort_keys=True).encode()),
-            "ledger_sha256": _sha(json.dumps(ledger, sort_keys=True).encode()),
-            "epsilon": repr(summary["epsilon"])}
+    return {
+        "model_sha256": summary["model_sha256"],
+        "rows": str(len(rows)),
+        "metrics_sha256": _sha(json.dumps(rows, sort_keys=True).encode()),
+        "ledger_sha256": _sha(json.dumps(ledger, sort_keys=True).encode()),
+        "epsilon": repr(summary["epsilon"]),
+    }
 
 
 def main() -> None:

@@ -52,8 +52,9 @@ class RandomUsers:
 
     def update_sum(self, user_ids: list[int], t: int, clip_norm: float, dim: int) -> torch.Tensor:
         if t % self.every == 0:
-            self.samples.append({"round": t, "rss_mib": _status_kib("VmRSS") / 1024,
-                                 "seconds": time.perf_counter() - self.t0})
+            self.samples.append(
+                {"round": t, "rss_mib": _status_kib("VmRSS") / 1024, "seconds": time.perf_counter() - self.t0}
+            )
         total = torch.zeros(dim)
         for u in user_ids:
             xi = torch.randn(dim, generator=make_generator(0, "endurance", int(u), int(t)))
@@ -73,28 +74,49 @@ def main() -> None:
 
     real = 2
     b = args.rounds  # one participation each: b = n groups of ⌊N/b⌋ users
-    cfg = load_config(None, [
-        f"rounds={args.rounds}", "model.name='shakespeare_lstm_small'", f"data.max_users={real}",
-        "sampling.scheme='epochs'", f"sampling.min_sep={b}", f"sampling.cohort_size={POPULATION // b}",
-        f"privacy.mechanism='{args.mechanism}'", "privacy.noise_multiplier=1.0", "eval.every=0",
-        "eval.max_users=1", "eval.max_examples_per_user=1", "sim.num_workers=1", "sim.engine='ray'",
-        f"checkpoint.every={args.checkpoint_every}", "server.optimizer='sgd'", "client.max_examples=4"])
+    cfg = load_config(
+        None,
+        [
+            f"rounds={args.rounds}",
+            "model.name='shakespeare_lstm_small'",
+            f"data.max_users={real}",
+            "sampling.scheme='epochs'",
+            f"sampling.min_sep={b}",
+            f"sampling.cohort_size={POPULATION // b}",
+            f"privacy.mechanism='{args.mechanism}'",
+            "privacy.noise_multiplier=1.0",
+            "eval.every=0",
+            "eval.max_users=1",
+            "eval.max_examples_per_user=1",
+            "sim.num_workers=1",
+            "sim.engine='ray'",
+            f"checkpoint.every={args.checkpoint_every}",
+            "server.optimizer='sgd'",
+            "client.max_examples=4",
+        ],
+    )
     users = RandomUsers(POPULATION - real)
     out = args.out or Path(tempfile.mkdtemp(prefix="fedsim-endurance-")) / "run"
     t0 = time.perf_counter()
     summary = run_experiment(cfg, out, progress=False, synthetic=users)
     result = {
-        "rounds": summary["rounds_completed"], "population": summary["population"],
-        "mechanism": args.mechanism, "cohort": cfg.sampling.cohort_size,
-        "num_parameters": summary["num_parameters"], "wall_seconds": time.perf_counter() - t0,
-        "rss_mib": users.samples, "peak_rss_mib": _status_kib("VmHWM") / 1024,
+        "rounds": summary["rounds_completed"],
+        "population": summary["population"],
+        "mechanism": args.mechanism,
+        "cohort": cfg.sampling.cohort_size,
+        "num_parameters": summary["num_parameters"],
+        "wall_seconds": time.perf_counter() - t0,
+        "rss_mib": users.samples,
+        "peak_rss_mib": _status_kib("VmHWM") / 1024,
         "epsilon": summary["epsilon"],
     }
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        print(f"{result['rounds']} rounds, N = {result['population']:,}, {args.mechanism}, "
-              f"{result['wall_seconds']:.0f} s, peak RSS {result['peak_rss_mib']:.0f} MiB")
+        print(
+            f"{result['rounds']} rounds, N = {result['population']:,}, {args.mechanism}, "
+            f"{result['wall_seconds']:.0f} s, peak RSS {result['peak_rss_mib']:.0f} MiB"
+        )
         for s in users.samples:
             print(f"  round {s['round']:5d}  RSS {s['rss_mib']:7.1f} MiB  at {s['seconds']:6.0f} s")
 

@@ -66,8 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         cases.append(("banded", 2048, 64))
     cases.append(("blt", 2048, 4))
 
-    print(json.dumps({"machine": platform.processor() or platform.machine(), "python": sys.version.split()[0],
-                      "torch": torch.__version__}), flush=True)
+    print(
+        json.dumps(
+            {
+                "machine": platform.processor() or platform.machine(),
+                "python": sys.version.split()[0],
+                "torch": torch.__version__,
+            }
+        ),
+        flush=True,
+    )
     for mechanism, n, size in cases:
         if mechanism == "banded":
             _, info = optimize_banded(np.tril(np.ones((n, n))), size)

@@ -41,9 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         help="mechanisms to time (default: all)",
     )
     parser.add_argument("--tol", type=float, default=1e-10, help="dense tolerance (1e-10)")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="BLAS threads (default: library default)"
-    )
+    parser.add_argument("--threads", type=int, default=None, help="BLAS threads (default: library default)")
     args = parser.parse_args(argv)
     if args.threads is not None:
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

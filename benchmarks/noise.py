@@ -94,9 +94,15 @@ def child(mechanism: str, d: int, t: int, n: int, bands: int) -> dict:
     seconds = time.perf_counter() - t0
     assert row.shape == (d,)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"mechanism": mechanism, "d": d, "round": t + 1, "seconds": seconds,
-            "state_mb": ready - base, "peak_extra_mb": peak - base,
-            "peak_extra_in_d_floats": (peak - base) * 1024 * 1024 / (4 * d)}
+    return {
+        "mechanism": mechanism,
+        "d": d,
+        "round": t + 1,
+        "seconds": seconds,
+        "state_mb": ready - base,
+        "peak_extra_mb": peak - base,
+        "peak_extra_in_d_floats": (peak - base) * 1024 * 1024 / (4 * d),
+    }
 
 
 def rng_benchmark(d: int, reps: int) -> dict:
@@ -113,16 +119,22 @@ def rng_benchmark(d: int, reps: int) -> dict:
     gen = torch.Generator().manual_seed(0)
     times: dict[str, list[float]] = {"torch_randn": [], "aes_ctr_keystream": [], "rng_gaussians": []}
     for r in range(reps + 1):
-        for name, fn in (("torch_randn", lambda: torch.randn(d, generator=gen)),
-                         ("aes_ctr_keystream", lambda r=r: random_words(key.derive("w", r), d)),
-                         ("rng_gaussians", lambda r=r: gaussians(key.derive("g", r), d))):
+        for name, fn in (
+            ("torch_randn", lambda: torch.randn(d, generator=gen)),
+            ("aes_ctr_keystream", lambda r=r: random_words(key.derive("w", r), d)),
+            ("rng_gaussians", lambda r=r: gaussians(key.derive("g", r), d)),
+        ):
             t0 = time.perf_counter()
             fn()
             if r:  # the first repetition warms up
                 times[name].append(1e3 * (time.perf_counter() - t0))
     med = {k: statistics.median(v) for k, v in times.items()}
-    out = {"d": d, "reps": reps, **{f"{k}_ms": v for k, v in med.items()},
-           "ratio_gaussians_to_randn": med["rng_gaussians"] / med["torch_randn"]}
+    out = {
+        "d": d,
+        "reps": reps,
+        **{f"{k}_ms": v for k, v in med.items()},
+        "ratio_gaussians_to_randn": med["rng_gaussians"] / med["torch_randn"],
+    }
     res = Path(__file__).with_name("throughput_results_so_lstm.json")
     if res.exists():
         floor = [r for r in json.loads(res.read_text()) if r.get("system") == "floor"]
@@ -154,8 +166,12 @@ def main() -> None:
     rows = []
     for t in rounds:
         for mech in ("identity", "banded", "blt", "dense"):
-            out = subprocess.run([sys.executable, __file__, "--bands", str(args.bands), "--child", mech, str(d), str(t)],
-                                 capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--bands", str(args.bands), "--child", mech, str(d), str(t)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             if not args.json:
                 print(rows[-1], flush=True)

@@ -45,8 +45,9 @@ def generate(path: Path, users: int, per_user: float, seed: int = 0) -> None:
     ids = [f"{i:08d}" for i in range(users)]
     conn = sqlite3.connect(path)
     conn.executescript(SCHEMA)
-    conn.executemany("INSERT INTO client_metadata VALUES (?, 'train', ?)",
-                     ((ids[i], int(counts[i])) for i in range(users)))
+    conn.executemany(
+        "INSERT INTO client_metadata VALUES (?, 'train', ?)", ((ids[i], int(counts[i])) for i in range(users))
+    )
     # Interleave clients: write in rounds, each round one example of every client that has one left.
     remaining = counts.copy()
     pyrng = random.Random(seed)
@@ -57,9 +58,22 @@ def generate(path: Path, users: int, per_user: float, seed: int = 0) -> None:
         for i in live:
             n = pyrng.randint(3, 25)
             toks = " ".join(pyrng.choice(WORDS) for _ in range(n))
-            batch.append(("train", ids[i], encode_example({
-                "creation_date": "2016-01-01 00:00:00 UTC", "score": pyrng.randint(-3, 50), "tags": "w1|w2",
-                "title": "a generated title", "tokens": toks, "type": "question"})))
+            batch.append(
+                (
+                    "train",
+                    ids[i],
+                    encode_example(
+                        {
+                            "creation_date": "2016-01-01 00:00:00 UTC",
+                            "score": pyrng.randint(-3, 50),
+                            "tags": "w1|w2",
+                            "title": "a generated title",
+                            "tokens": toks,
+                            "type": "question",
+                        }
+                    ),
+                )
+            )
             if len(batch) >= 200_000:
                 conn.executemany("INSERT INTO examples VALUES (?, ?, ?)", batch)
                 batch.clear()
@@ -91,8 +105,20 @@ def main() -> None:
         import sys
 
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, __file__, "--generate-only", "--users", str(args.users),
-                        "--per-user", str(args.per_user), "--db", str(args.db)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--generate-only",
+                "--users",
+                str(args.users),
+                "--per-user",
+                str(args.per_user),
+                "--db",
+                str(args.db),
+            ],
+            check=True,
+        )
         out["generate_seconds"] = time.perf_counter() - t0
     out["db_bytes"] = args.db.stat().st_size
     out["rss_start_mib"] = _status_mib("VmRSS")
@@ -110,9 +136,14 @@ def main() -> None:
         rows = [decode_example(b) for b in db.examples("train", c)]
         n_ex += len(rows)
     dt = time.perf_counter() - t0
-    out.update(reads=len(picks), examples_read=n_ex, ms_per_client=1000 * dt / len(picks),
-               us_per_example=1e6 * dt / max(n_ex, 1), rss_after_reads_mib=_status_mib("VmRSS"),
-               peak_rss_mib=_status_mib("VmHWM"))
+    out.update(
+        reads=len(picks),
+        examples_read=n_ex,
+        ms_per_client=1000 * dt / len(picks),
+        us_per_example=1e6 * dt / max(n_ex, 1),
+        rss_after_reads_mib=_status_mib("VmRSS"),
+        peak_rss_mib=_status_mib("VmHWM"),
+    )
     print(json.dumps(out, indent=1) if args.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
 
 

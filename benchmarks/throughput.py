@@ -47,23 +47,60 @@ import time
 from pathlib import Path
 
 WORKLOADS = {
-    "w2": ["data.name='synthetic'", "data.num_clients=100", "data.samples_per_user=18", "data.num_features=64",
-           "data.num_classes=10", "model.name='logreg'", "sampling.cohort_size=50", "client.batch_size=8",
-           "client.max_examples=18", "client.lr=0.1"],
-    "w1": ["data.name='shakespeare'", "model.name='shakespeare_lstm'", "sampling.cohort_size=20",
-           "client.batch_size=8", "client.max_examples=64", "client.lr=1.0"],
-    "so_lstm": ["data.name='stackoverflow_nwp'", "data.root='{so_root}'", "data.vocab_size=10000", "data.seq_len=20",
-                "model.name='so_nwp_lstm'", "sampling.cohort_size=10", "client.batch_size=16",
-                "client.max_examples=64", "client.lr=0.5"],
+    "w2": [
+        "data.name='synthetic'",
+        "data.num_clients=100",
+        "data.samples_per_user=18",
+        "data.num_features=64",
+        "data.num_classes=10",
+        "model.name='logreg'",
+        "sampling.cohort_size=50",
+        "client.batch_size=8",
+        "client.max_examples=18",
+        "client.lr=0.1",
+    ],
+    "w1": [
+        "data.name='shakespeare'",
+        "model.name='shakespeare_lstm'",
+        "sampling.cohort_size=20",
+        "client.batch_size=8",
+        "client.max_examples=64",
+        "client.lr=1.0",
+    ],
+    "so_lstm": [
+        "data.name='stackoverflow_nwp'",
+        "data.root='{so_root}'",
+        "data.vocab_size=10000",
+        "data.seq_len=20",
+        "model.name='so_nwp_lstm'",
+        "sampling.cohort_size=10",
+        "client.batch_size=16",
+        "client.max_examples=64",
+        "client.lr=0.5",
+    ],
 }
-COMMON = ["sampling.scheme='fixed'", "privacy.mechanism='gaussian'", "privacy.noise_multiplier=1.0",
-          "client.local_epochs=1", "client.clip_norm=1.0", "server.optimizer='sgd'", "server.lr=1.0",
-          "eval.every=0", "eval.max_users=1", "eval.max_examples_per_user=1", "checkpoint.every=1000000",
-          "privacy.account_every=1000000"]
+COMMON = [
+    "sampling.scheme='fixed'",
+    "privacy.mechanism='gaussian'",
+    "privacy.noise_multiplier=1.0",
+    "client.local_epochs=1",
+    "client.clip_norm=1.0",
+    "server.optimizer='sgd'",
+    "server.lr=1.0",
+    "eval.every=0",
+    "eval.max_users=1",
+    "eval.max_examples_per_user=1",
+    "checkpoint.every=1000000",
+    "privacy.account_every=1000000",
+]
 SYSTEMS = {
     "fedsim-inprocess": ["sim.engine='inprocess'", "sim.num_workers=1", "sim.vectorize='auto'"],
-    "fedsim-inprocess-eps-every-round": ["sim.engine='inprocess'", "sim.num_workers=1", "sim.vectorize='auto'",
-                                         "privacy.account_every=1"],
+    "fedsim-inprocess-eps-every-round": [
+        "sim.engine='inprocess'",
+        "sim.num_workers=1",
+        "sim.vectorize='auto'",
+        "privacy.account_every=1",
+    ],
     "fedsim-inprocess-seq": ["sim.engine='inprocess'", "sim.num_workers=1", "sim.vectorize='off'"],
     "fedsim-ray": ["sim.engine='ray'", "sim.num_workers=2", "sim.client_cpus=1", "sim.vectorize='auto'"],
 }
@@ -185,8 +222,13 @@ print(json.dumps({"rounds": rounds, "total_s": time.perf_counter() - t0,
 
 
 def _run(code: str, overrides: list[str], out: str | None = None) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
     args = [sys.executable, "-c", code, json.dumps(overrides)] + ([out] if out else [])
     t0 = time.perf_counter()
     proc = subprocess.run(args, capture_output=True, text=True, env=env)
@@ -231,22 +273,29 @@ def main() -> None:
             floor_round = [statistics.median(r["rounds"][1:] or r["rounds"]) for r in per.get("floor", [])]
             for system, results in per.items():
                 pr = [statistics.median(r["rounds"][1:] or r["rounds"]) for r in results]
-                ratio = ([p / f for p, f in zip(pr, floor_round)] if floor_round else [])
-                rows.append({"system": system, "workload": wl,
-                             "per_round_s": statistics.median(pr),
-                             "total_s": statistics.median(r["wall_s"] for r in results),
-                             "first_round_s": statistics.median(r["rounds"][0] for r in results),
-                             "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
-                             "ratio_to_floor": statistics.median(ratio) if ratio else None,
-                             "vectorized": results[0].get("vectorized"),
-                             "load_avg": statistics.median(r["load_avg"] for r in results)})
+                ratio = [p / f for p, f in zip(pr, floor_round)] if floor_round else []
+                rows.append(
+                    {
+                        "system": system,
+                        "workload": wl,
+                        "per_round_s": statistics.median(pr),
+                        "total_s": statistics.median(r["wall_s"] for r in results),
+                        "first_round_s": statistics.median(r["rounds"][0] for r in results),
+                        "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
+                        "ratio_to_floor": statistics.median(ratio) if ratio else None,
+                        "vectorized": results[0].get("vectorized"),
+                        "load_avg": statistics.median(r["load_avg"] for r in results),
+                    }
+                )
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
         for r in rows:
-            print(f"{r['workload']:3s} {r['system']:22s} per round {r['per_round_s']:.4f} s  total {r['total_s']:.1f} s  "
-                  f"first {r['first_round_s']:.2f} s  ratio {r['ratio_to_floor'] if r['ratio_to_floor'] is None else round(r['ratio_to_floor'], 3)}"
-                  f"  rss {r['peak_rss_mb']:.0f} MB  load {r['load_avg']:.1f}")
+            print(
+                f"{r['workload']:3s} {r['system']:22s} per round {r['per_round_s']:.4f} s  total {r['total_s']:.1f} s  "
+                f"first {r['first_round_s']:.2f} s  ratio {r['ratio_to_floor'] if r['ratio_to_floor'] is None else round(r['ratio_to_floor'], 3)}"
+                f"  rss {r['peak_rss_mb']:.0f} MB  load {r['load_avg']:.1f}"
+            )
 
 
 if __name__ == "__main__":

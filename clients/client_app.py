@@ -19,7 +19,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsim import protocol
+from fedsim import protocol, records
 from fedsim.data import DataSpec
 from fedsim.deploy.nodes import DATA_ROOT, USER_SHARD, node_data
 from fedsim.models import make_model
@@ -55,8 +55,9 @@ def _worker(task_json: str, node_config: dict | None = None) -> tuple:
             task = protocol.Task.from_json(task_json)
             torch.set_num_threads(max(1, task.threads))
             data = node_data(task.data, node_config)
-            model = make_model(task.model, data.model_dims(), seed=task.model_seed,
-                               dp_layers=task.example_dp is not None)
+            model = make_model(
+                task.model, data.model_dims(), seed=task.model_seed, dp_layers=task.example_dp is not None
+            )
             if task.use_gpu and torch.cuda.is_available():
                 model = model.to("cuda")
             _workers.clear()  # one task per process at a time
@@ -64,68 +65,89 @@ def _worker(task_json: str, node_config: dict | None = None) -> tuple:
         return _workers[key]
 
 
+def _array(msg: Message, key: str, record: str = protocol.ARRAYS) -> torch.Tensor:
+    """The flat float32 array ``key`` of the message's ArrayRecord ``record``, as a tensor."""
+    return torch.from_numpy(np.array(records.need_array(msg.content.array_records.get(record), key), dtype=np.float32))
+
+
 def _params(msg: Message) -> torch.Tensor:
-    return torch.from_numpy(np.array(msg.content[protocol.ARRAYS][protocol.PARAMS].numpy(), dtype=np.float32))
+    return _array(msg, protocol.PARAMS)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    cfg = msg.content[protocol.CONFIG]
+    cfg = records.config(msg, protocol.CONFIG)
     task, data, model = _worker(str(cfg["task"]), context.node_config)
-    users = [int(u) for u in cfg["user_ids"]]
+    users = records.need_ints(cfg["user_ids"], "user_ids")
+    round_index = records.need_int(cfg["round"], "round")
     x0 = _params(msg)
     local = task.local
     if "clip_norm" in cfg:  # this round's c_t (adaptive clipping moves it)
-        local = replace(local, clip_norm=float(cfg["clip_norm"]))
+        local = replace(local, clip_norm=records.need_float(cfg["clip_norm"], "clip_norm"))
     d_prev = None
     if task.disk is not None:  # DiSK: the server sent its previous step d_{t−1}
-        d_prev = torch.from_numpy(np.array(msg.content[protocol.ARRAYS][protocol.DIRECTION].numpy(),
-                                           dtype=np.float32))
+        d_prev = _array(msg, protocol.DIRECTION)
     arrays = {}
-    records = {}
+    extra_records = {}
     if task.vectorize and task.error_feedback == "none" and task.disk is None and task.example_dp is None:
-        total, results = train_users_vectorized(model, x0, data, users, int(cfg["round"]), task.seed, local)
+        total, results = train_users_vectorized(model, x0, data, users, round_index, task.seed, local)
     elif task.error_feedback == "none":
-        total, results = train_users(model, x0, data, users, int(cfg["round"]), task.seed, local,
-                                     task.disk, d_prev, task.example_dp)
+        total, results = train_users(
+            model, x0, data, users, round_index, task.seed, local, task.disk, d_prev, task.example_dp
+        )
     else:
         states = None
         if task.error_feedback == "client":
-            rec = msg.content.array_records[protocol.CLIENT_STATE]
-            states = {u: torch.from_numpy(np.array(rec[protocol.state_key(u)].numpy(), dtype=np.float32))
-                      for u in users}
-        total, results, extra = train_users_ef(model, x0, data, users, int(cfg["round"]), task.seed, local,
-                                               task.error_feedback, task.ef_clip, states, task.disk, d_prev,
-                                               task.example_dp)
-        if task.error_feedback == "client":
-            records[protocol.CLIENT_STATE] = ArrayRecord(
-                {protocol.state_key(u): Array(e.numpy()) for u, e in extra.items()})
-        else:
+            states = {u: _array(msg, protocol.state_key(u), protocol.CLIENT_STATE) for u in users}
+        total, results, extra = train_users_ef(
+            model,
+            x0,
+            data,
+            users,
+            round_index,
+            task.seed,
+            local,
+            task.error_feedback,
+            task.ef_clip,
+            states,
+            task.disk,
+            d_prev,
+            task.example_dp,
+        )
+        if isinstance(extra, dict):  # client error feedback: the users' new states
+            extra_records[protocol.CLIENT_STATE] = ArrayRecord(
+                {protocol.state_key(u): Array(e.numpy()) for u, e in extra.items()}
+            )
+        else:  # server error feedback: the residual sum
             arrays[protocol.RESIDUAL_SUM] = Array(extra.numpy())
-    metrics = MetricRecord({
-        "num_users": len(users),
-        "user_ids": users,
-        "user_loss": [float(r.loss) for r in results],
-        "user_examples": [int(r.num_examples) for r in results],
-        "num_clipped": int(sum(r.clipped for r in results)),
-        # isolation: users that contributed zero because their training raised / was not finite
-        "failed_users": int(sum(r.failed for r in results)),
-        "nonfinite_users": int(sum(r.nonfinite for r in results)),
-    })
-    content = RecordDict({
-        protocol.ARRAYS: ArrayRecord({protocol.UPDATE_SUM: Array(total.numpy()), **arrays}),
-        protocol.METRICS: metrics,
-        **records,
-    })
+    metrics = MetricRecord(
+        {
+            "num_users": len(users),
+            "user_ids": users,
+            "user_loss": [float(r.loss) for r in results],
+            "user_examples": [int(r.num_examples) for r in results],
+            "num_clipped": int(sum(r.clipped for r in results)),
+            # isolation: users that contributed zero because their training raised / was not finite
+            "failed_users": int(sum(r.failed for r in results)),
+            "nonfinite_users": int(sum(r.nonfinite for r in results)),
+        }
+    )
+    content = RecordDict(
+        {
+            protocol.ARRAYS: ArrayRecord({protocol.UPDATE_SUM: Array(total.numpy()), **arrays}),
+            protocol.METRICS: metrics,
+            **extra_records,
+        }
+    )
     return Message(content=content, reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    cfg = msg.content[protocol.CONFIG]
+    cfg = records.config(msg, protocol.CONFIG)
     task, data, model = _worker(str(cfg["task"]), context.node_config)
-    users = [int(u) for u in cfg["user_ids"]]
-    sums = evaluate_users(model, _params(msg), data, users, int(cfg["max_examples"]))
+    users = records.need_ints(cfg["user_ids"], "user_ids")
+    sums = evaluate_users(model, _params(msg), data, users, records.need_int(cfg["max_examples"], "max_examples"))
     metrics = MetricRecord({k: float(v) for k, v in sums.items()})
     return Message(content=RecordDict({protocol.METRICS: metrics}), reply_to=msg)
 
@@ -134,10 +156,15 @@ def evaluate(msg: Message, context: Context) -> Message:
 def census(msg: Message, context: Context) -> Message:
     """Deployment: report this node's users (names, train and test sample counts) and the
     model dimensions of its data, for the data spec in the message."""
-    spec = DataSpec.from_json(str(msg.content[protocol.CONFIG]["data"]))
+    spec = DataSpec.from_json(str(records.config(msg, protocol.CONFIG)["data"]))
     data = node_data(spec, dict(context.node_config))
-    metrics = MetricRecord({"num_train": [int(data.num_train(u)) for u in range(data.population)],
-                            "num_test": [int(data.num_test(u)) for u in range(data.population)]})
-    cfg = ConfigRecord({"names": [str(n) for n in data.names], "dims": json.dumps(data.model_dims()),
-                        "task": str(data.task)})
+    metrics = MetricRecord(
+        {
+            "num_train": [int(data.num_train(u)) for u in range(data.population)],
+            "num_test": [int(data.num_test(u)) for u in range(data.population)],
+        }
+    )
+    cfg = ConfigRecord(
+        {"names": [str(n) for n in data.names], "dims": json.dumps(data.model_dims()), "task": str(data.task)}
+    )
     return Message(content=RecordDict({protocol.METRICS: metrics, protocol.CONFIG: cfg}), reply_to=msg)

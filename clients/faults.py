@@ -37,11 +37,14 @@ SLOW_SECONDS = 50.0
 def _corrupt(reply: Message, kind: str, source: Message) -> Message:
     if kind == "users":
         m = reply.content.metric_records[protocol.METRICS]
-        m["user_ids"] = [int(u) + 100_000 for u in m["user_ids"]]
+        ids = m["user_ids"]
+        assert isinstance(ids, list)
+        m["user_ids"] = [int(u) + 100_000 for u in ids]
         return reply
     if kind == "noarrays":
-        return Message(content=RecordDict({protocol.METRICS: reply.content.metric_records[protocol.METRICS]}),
-                       reply_to=source)
+        return Message(
+            content=RecordDict({protocol.METRICS: reply.content.metric_records[protocol.METRICS]}), reply_to=source
+        )
     rec = reply.content.array_records[protocol.ARRAYS]
     v = np.array(rec[protocol.UPDATE_SUM].numpy(), dtype=np.float32)
     if kind == "dtype":
@@ -71,7 +74,7 @@ def make_fault_mod(faults: dict[int, str]) -> Callable:
             raise RuntimeError("injected client fault")
         if kind == "slow":
             reply = call_next(msg, context)
-            if int(msg.content[protocol.CONFIG]["round"]) == SLOW_ROUND:
+            if msg.content.config_records[protocol.CONFIG]["round"] == SLOW_ROUND:
                 time.sleep(SLOW_SECONDS)
             return reply
         return _corrupt(call_next(msg, context), kind, msg)

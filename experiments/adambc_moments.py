@@ -88,7 +88,7 @@ def run(mech: str, gamma_frac: float = 0.01, constant_phi: bool = False, rounds:
         opt.step(server.params, g_hat.neg())
         server.round += 1
     T = rounds - 1
-    bc1, bc2 = 1 - B1 ** rounds, 1 - B2 ** rounds
+    bc1, bc2 = 1 - B1**rounds, 1 - B2**rounds
     v_clean = v_c / bc2
     v_private = opt.v.double() / bc2
     v_hat = opt.v_hat(T).double()
@@ -167,17 +167,23 @@ def main() -> None:
         print("|---|---|---|---|")
         print(f"| second moment v̂ | {fmt(r['v_clean'])} | {fmt(r['v_private'])} | {fmt(r['v_corrected'])} |")
         print(f"| update abs(m̂/√v̂) | {fmt(r['u_clean'])} | {fmt(r['u_private'])} | {fmt(r['u_corrected'])} |")
-        print(f"\nnoise share of v: measured mean(v_private − v_clean) = {r['noise_moment_measured']:.4e}; "
-              f"exact φ/(1−β₂^T) = {r['phi_ema_exact']:.4e}; constant-Φ φ = {r['phi_ema_const']:.4e} "
-              f"(ratio exact/constant = {r['phi_ema_exact'] / r['phi_ema_const']:.3f}); "
-              f"final loss AdamBC {r['final_loss']:.4g}")
+        print(
+            f"\nnoise share of v: measured mean(v_private − v_clean) = {r['noise_moment_measured']:.4e}; "
+            f"exact φ/(1−β₂^T) = {r['phi_ema_exact']:.4e}; constant-Φ φ = {r['phi_ema_const']:.4e} "
+            f"(ratio exact/constant = {r['phi_ema_exact'] / r['phi_ema_const']:.3f}); "
+            f"final loss AdamBC {r['final_loss']:.4g}"
+        )
         if mech == "blt":
             rc = run(mech, constant_phi=True)
-            print(f"negative control (i), constant Φ under BLT: final loss {rc['final_loss']:.4g}; median corrected "
-                  f"v̂ {rc['v_corrected'][2]:.3e} vs exact-Φ {r['v_corrected'][2]:.3e} vs clean {r['v_clean'][2]:.3e}")
+            print(
+                f"negative control (i), constant Φ under BLT: final loss {rc['final_loss']:.4g}; median corrected "
+                f"v̂ {rc['v_corrected'][2]:.3e} vs exact-Φ {r['v_corrected'][2]:.3e} vs clean {r['v_clean'][2]:.3e}"
+            )
         rg = run(mech, gamma_frac=4.0)
-        print(f"negative control (ii), γ′ = 4Φ: {100 * rg['floored_fraction']:.1f} % of coordinates floored "
-              f"(AdamBC = momentum SGD with step η/√γ′); final loss {rg['final_loss']:.4g}")
+        print(
+            f"negative control (ii), γ′ = 4Φ: {100 * rg['floored_fraction']:.1f} % of coordinates floored "
+            f"(AdamBC = momentum SGD with step η/√γ′); final loss {rg['final_loss']:.4g}"
+        )
     if args.plot:
         plot(results, args.plot)
 

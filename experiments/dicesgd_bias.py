@@ -86,20 +86,37 @@ class _RoundCounter:
         return float("nan")
 
 
-def part_b(mode: str, seed: int, rounds: int, n_users: int = 1000, k_bar: int = 50, z: float = 1.0,
-           c: float = 0.5, eta: float = 1.0, cp: float = 5.0, server_lr: float = 0.3,
-           c2_factor: float = 1.0) -> tuple[float, float, list[float]]:
+def part_b(
+    mode: str,
+    seed: int,
+    rounds: int,
+    n_users: int = 1000,
+    k_bar: int = 50,
+    z: float = 1.0,
+    c: float = 0.5,
+    eta: float = 1.0,
+    cp: float = 5.0,
+    server_lr: float = 0.3,
+    c2_factor: float = 1.0,
+) -> tuple[float, float, list[float]]:
     rng = np.random.default_rng(1234)  # the population is the same for every seed
     xi = np.where(rng.random(n_users) < 0.1, 9.0, -1.0)
     # server error feedback has no guarantee (ε = ∞, docs/algorithms.md §8): its spec says so
-    spec = AccountingSpec("gaussian", "poisson", n_users, k_bar, z, 1.0 / n_users**1.1,
-                          no_guarantee=mode == "server")
+    spec = AccountingSpec("gaussian", "poisson", n_users, k_bar, z, 1.0 / n_users**1.1, no_guarantee=mode == "server")
     sampler = make_sampler(make_scheme("poisson", n_users, k_bar), seed)
     c1, c2 = c, c * c2_factor
     noise_norm = {"none": c1, "client": c1 + c2, "server": server_noise_norm(c1, c2)}[mode]
     server_ef = ServerErrorFeedback(1, c2) if mode == "server" else None
-    server = DPServer(torch.tensor([3.0]), GaussianNoise(1, seed + 10_000), make_optimizer("sgd", server_lr),
-                      _RoundCounter(), noise_norm, z, k_bar, error_feedback=server_ef)
+    server = DPServer(
+        torch.tensor([3.0]),
+        GaussianNoise(1, seed + 10_000),
+        make_optimizer("sgd", server_lr),
+        _RoundCounter(),
+        noise_norm,
+        z,
+        k_bar,
+        error_feedback=server_ef,
+    )
     states = np.zeros(n_users)
     late, trajectory = [], []
     for t in range(rounds):
@@ -143,11 +160,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for c in (0.5, 1.0, 2.0, 4.0):
         r = part_a(c)
-        print(f"| {c} | {r[chr(67) + chr(39)]:.0f} | 0 | {r['x_tilde']:.4f} | {r['clipped']:.4f} | "
-              f"{r['client_ef']:.2e} | {r['server_ef']:.2e} |")
+        print(
+            f"| {c} | {r[chr(67) + chr(39)]:.0f} | 0 | {r['x_tilde']:.4f} | {r['clipped']:.4f} | "
+            f"{r['client_ef']:.2e} | {r['server_ef']:.2e} |"
+        )
     x_star, x_tilde = fixed_points()
-    print(f"\nPart B: N = 1000 heterogeneous users, Poisson K̄ = 50, z = 1, c₁ = 0.5, server lr 0.3, "
-          f"{args.rounds} rounds, {args.seeds} seeds")
+    print(
+        f"\nPart B: N = 1000 heterogeneous users, Poisson K̄ = 50, z = 1, c₁ = 0.5, server lr 0.3, "
+        f"{args.rounds} rounds, {args.seeds} seeds"
+    )
     print(f"x* = {x_star:.4f} (Huber minimiser), x̃ = {x_tilde:.4f} (clipped fixed point)")
     print("| variant | mean x over last quarter (mean ± std over seeds) | |x − x*| | ε (δ = 1/N^1.1) |")
     print("|---|---|---|---|")
@@ -160,9 +181,11 @@ def main() -> None:
             if s == 0:
                 curves[mode if mode != "client" else f"client, c₂ = {f2:g}·c₁"] = traj
         m, sd = statistics.mean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0
-        name = {"none": "clipped DP-FedAvg (c = 0.5)",
-                "client": f"client error feedback, c₂ = {f2:g}·c₁ (noise ∝ c₁ + c₂ = {0.5 * (1 + f2):g})",
-                "server": "server error feedback (no guarantee; noise ∝ √(c₁² + 2c₂²))"}[mode]
+        name = {
+            "none": "clipped DP-FedAvg (c = 0.5)",
+            "client": f"client error feedback, c₂ = {f2:g}·c₁ (noise ∝ c₁ + c₂ = {0.5 * (1 + f2):g})",
+            "server": "server error feedback (no guarantee; noise ∝ √(c₁² + 2c₂²))",
+        }[mode]
         print(f"| {name} | {m:.4f} ± {sd:.4f} | {abs(m - x_star):.4f} | {eps:.3f} |")
     if args.plot:
         import matplotlib

@@ -28,13 +28,23 @@ from pathlib import Path
 
 from fedsim.config import load_config
 
-BASE = ["rounds=70", "model.name='shakespeare_lstm_small'", "data.max_users=280", "client.max_examples=32",
-        "client.lr=2.0", "eval.every=0", "eval.max_users=100", "eval.max_examples_per_user=32", "server.optimizer='sgd'",
-        "privacy.noise_multiplier=1.0", "sim.num_workers=2", "sim.engine='inprocess'"]
+BASE = [
+    "rounds=70",
+    "model.name='shakespeare_lstm_small'",
+    "data.max_users=280",
+    "client.max_examples=32",
+    "client.lr=2.0",
+    "eval.every=0",
+    "eval.max_users=100",
+    "eval.max_examples_per_user=32",
+    "server.optimizer='sgd'",
+    "privacy.noise_multiplier=1.0",
+    "sim.num_workers=2",
+    "sim.engine='inprocess'",
+]
 MECHS = {
     "gaussian": ["sampling.scheme='poisson'", "sampling.cohort_size=20", "privacy.mechanism='gaussian'"],
-    "blt": ["sampling.scheme='epochs'", "sampling.min_sep=14", "sampling.cohort_size=20",
-            "privacy.mechanism='blt'"],
+    "blt": ["sampling.scheme='epochs'", "sampling.min_sep=14", "sampling.cohort_size=20", "privacy.mechanism='blt'"],
 }
 FILTERS = {
     "none": [],
@@ -53,8 +63,13 @@ def one(out: Path, mech: str, filt: str, lr: float, seed: int, eval_every: int =
     summ = run_dir / "summary.json"
     if summ.exists():
         return json.loads(summ.read_text())["final_eval_accuracy"]
-    cfg = load_config(None, BASE + MECHS[mech] + FILTERS[filt] + [f"server.lr={lr}", f"seed={seed}",
-                                                                  f"name='{run_dir.name}'", f"eval.every={eval_every}"])
+    cfg = load_config(
+        None,
+        BASE
+        + MECHS[mech]
+        + FILTERS[filt]
+        + [f"server.lr={lr}", f"seed={seed}", f"name='{run_dir.name}'", f"eval.every={eval_every}"],
+    )
     return run_experiment(cfg, run_dir, progress=False)["final_eval_accuracy"]
 
 
@@ -73,13 +88,20 @@ def main() -> None:
             tune = {lr: one(args.out, mech, filt, lr, 0, args.eval_every) for lr in args.lrs}
             best = max(tune, key=lambda lr: tune[lr])
             accs = [tune[best]] + [one(args.out, mech, filt, best, s, args.eval_every) for s in range(1, args.seeds)]
-            results[f"{mech}/{filt}"] = {"lr_grid": tune, "lr": best, "accuracies": accs,
-                                         "mean": statistics.mean(accs),
-                                         "std": statistics.stdev(accs) if len(accs) > 1 else 0.0}
+            results[f"{mech}/{filt}"] = {
+                "lr_grid": tune,
+                "lr": best,
+                "accuracies": accs,
+                "mean": statistics.mean(accs),
+                "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+            }
             (args.out / "ablation.json").write_text(json.dumps(results, indent=1))
             r = results[f"{mech}/{filt}"]
-            print(f"{mech:9s} {filt:15s} lr {best:<4g} {100 * r['mean']:.2f} ± {100 * r['std']:.2f} %  "
-                  f"(grid {', '.join(f'{k:g}: {100 * v:.2f}' for k, v in tune.items())})", flush=True)
+            print(
+                f"{mech:9s} {filt:15s} lr {best:<4g} {100 * r['mean']:.2f} ± {100 * r['std']:.2f} %  "
+                f"(grid {', '.join(f'{k:g}: {100 * v:.2f}' for k, v in tune.items())})",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -92,6 +92,7 @@ def _jax_side() -> list[dict]:
         def cb(args) -> bool:
             counter[0] = args.step + 1
             return bool(jnp.abs(args.grad).max() <= tol)
+
         return cb
 
     # (i) dense, single participation
@@ -102,9 +103,15 @@ def _jax_side() -> list[dict]:
             C = dense.optimize(n, callback=pg_callback(tol, steps), max_optimizer_steps=10_000)
             C = np.asarray(C)
             sec = time.perf_counter() - t
-            rows.append({"case": f"dense n={n}", "variant": f"dense.optimize, pg tol {tol:g}"
-                         + (" (default)" if tol == 1e-3 else ""),
-                         "loss": total_loss_dense(C), "seconds": sec, "steps": steps[0]})
+            rows.append(
+                {
+                    "case": f"dense n={n}",
+                    "variant": f"dense.optimize, pg tol {tol:g}" + (" (default)" if tol == 1e-3 else ""),
+                    "loss": total_loss_dense(C),
+                    "seconds": sec,
+                    "steps": steps[0],
+                }
+            )
 
     # (ii) banded, min_sep (k, b) with k = ceil(n / b)
     n, b = BANDED["n"], BANDED["bands"]
@@ -117,22 +124,36 @@ def _jax_side() -> list[dict]:
     Cm = np.asarray(strat.materialize())
     sens2_jax = sensitivity.get_sensitivity_banded(jnp.asarray(Cm), min_sep=b, max_participations=k) ** 2
     sens2_conv = banded.minsep_sensitivity_squared(strat, min_sep=b, max_participations=k)
-    rows.append({"case": f"banded n={n} b={b} k={k}", "variant": "banded.optimize (default 100 steps)",
-                 "loss": float(sens2_conv * n * mean_err), "seconds": sec,
-                 "jax_mean_error": mean_err, "sens2_minsep_jax": float(sens2_jax),
-                 "sens2_conversion": float(sens2_conv),
-                 "loss_direct": total_loss_dense(Cm, float(sens2_jax))})
+    rows.append(
+        {
+            "case": f"banded n={n} b={b} k={k}",
+            "variant": "banded.optimize (default 100 steps)",
+            "loss": float(sens2_conv * n * mean_err),
+            "seconds": sec,
+            "jax_mean_error": mean_err,
+            "sens2_minsep_jax": float(sens2_jax),
+            "sens2_conversion": float(sens2_conv),
+            "loss_direct": total_loss_dense(Cm, float(sens2_jax)),
+        }
+    )
     steps = [0]
     t = time.perf_counter()
-    C = np.asarray(dense.optimize(n, bands=b, equal_norm=True, callback=pg_callback(1e-6, steps),
-                                  max_optimizer_steps=10_000))
+    C = np.asarray(
+        dense.optimize(n, bands=b, equal_norm=True, callback=pg_callback(1e-6, steps), max_optimizer_steps=10_000)
+    )
     sec = time.perf_counter() - t
     sens2_jax = sensitivity.get_sensitivity_banded(jnp.asarray(C), min_sep=b, max_participations=k) ** 2
-    rows.append({"case": f"banded n={n} b={b} k={k}",
-                 "variant": "dense.optimize(bands=16, equal_norm=True), pg tol 1e-06",
-                 "loss": total_loss_dense(C, float(sens2_jax)), "seconds": sec, "steps": steps[0],
-                 "sens2_minsep_jax": float(sens2_jax),
-                 "max_offband": float(np.max(np.abs(np.tril(C, -b))))})
+    rows.append(
+        {
+            "case": f"banded n={n} b={b} k={k}",
+            "variant": "dense.optimize(bands=16, equal_norm=True), pg tol 1e-06",
+            "loss": total_loss_dense(C, float(sens2_jax)),
+            "seconds": sec,
+            "steps": steps[0],
+            "sens2_minsep_jax": float(sens2_jax),
+            "max_offband": float(np.max(np.abs(np.tril(C, -b)))),
+        }
+    )
 
     # (iii) BLT, 4 buffers, single participation, mean error
     for n in BLT_NS:
@@ -141,10 +162,17 @@ def _jax_side() -> list[dict]:
         blt, loss = buffered_toeplitz.optimize_loss(loss_fn, num_buffers=BLT_BUFFERS)
         loss = float(loss)
         sec = time.perf_counter() - t
-        rows.append({"case": f"blt n={n} m={BLT_BUFFERS}", "variant": "buffered_toeplitz.optimize_loss (mean)",
-                     "loss": n * loss, "seconds": sec, "jax_mean_loss": loss,
-                     "theta": [float(x) for x in np.asarray(blt.buf_decay)],
-                     "omega": [float(x) for x in np.asarray(blt.output_scale)]})
+        rows.append(
+            {
+                "case": f"blt n={n} m={BLT_BUFFERS}",
+                "variant": "buffered_toeplitz.optimize_loss (mean)",
+                "loss": n * loss,
+                "seconds": sec,
+                "jax_mean_loss": loss,
+                "theta": [float(x) for x in np.asarray(blt.buf_decay)],
+                "omega": [float(x) for x in np.asarray(blt.output_scale)],
+            }
+        )
 
     # (iv) sqrt Toeplitz
     n = SQRT_N
@@ -152,8 +180,15 @@ def _jax_side() -> list[dict]:
     coef = toeplitz.optimal_max_error_strategy_coefs(n)
     mean_loss = float(toeplitz.loss(coef, n=n, reduction_fn=jnp.mean))
     sec = time.perf_counter() - t
-    rows.append({"case": f"sqrt n={n}", "variant": "toeplitz.loss(optimal_max_error_strategy_coefs)",
-                 "loss": n * mean_loss, "seconds": sec, "jax_mean_loss": mean_loss})
+    rows.append(
+        {
+            "case": f"sqrt n={n}",
+            "variant": "toeplitz.loss(optimal_max_error_strategy_coefs)",
+            "loss": n * mean_loss,
+            "seconds": sec,
+            "jax_mean_loss": mean_loss,
+        }
+    )
 
     for r in rows:
         r["jax_privacy_version"] = version
@@ -176,25 +211,47 @@ def _fedsim_side() -> list[dict]:
         t = time.perf_counter()
         f = make_factorization("dense", prefix_sum(n))
         sec = time.perf_counter() - t
-        rows.append({"case": f"dense n={n}", "loss": f.loss(), "seconds": sec,
-                     "dual": f.info.get("dual"), "rel_gap": f.info.get("rel_gap"),
-                     "iterations": f.info.get("iterations"), "cache": f.info.get("cache")})
+        rows.append(
+            {
+                "case": f"dense n={n}",
+                "loss": f.loss(),
+                "seconds": sec,
+                "dual": f.info.get("dual"),
+                "rel_gap": f.info.get("rel_gap"),
+                "iterations": f.info.get("iterations"),
+                "cache": f.info.get("cache"),
+            }
+        )
 
     n, b = BANDED["n"], BANDED["bands"]
     k = math.ceil(n / b)
     t = time.perf_counter()
     _, info = optimize_banded(prefix_sum(n), b, max_participations=k)
     sec = time.perf_counter() - t
-    rows.append({"case": f"banded n={n} b={b} k={k}", "loss": info["loss"], "seconds": sec,
-                 "sensitivity_squared": info["sensitivity_squared"], "iterations": info["iterations"],
-                 "converged": info["converged"]})
+    rows.append(
+        {
+            "case": f"banded n={n} b={b} k={k}",
+            "loss": info["loss"],
+            "seconds": sec,
+            "sensitivity_squared": info["sensitivity_squared"],
+            "iterations": info["iterations"],
+            "converged": info["converged"],
+        }
+    )
 
     for n in BLT_NS:
         t = time.perf_counter()
         _, _, info = optimize_blt(n, BLT_BUFFERS)
         sec = time.perf_counter() - t
-        rows.append({"case": f"blt n={n} m={BLT_BUFFERS}", "loss": info["loss"], "seconds": sec,
-                     "iterations": info["iterations"], "converged": info["converged"]})
+        rows.append(
+            {
+                "case": f"blt n={n} m={BLT_BUFFERS}",
+                "loss": info["loss"],
+                "seconds": sec,
+                "iterations": info["iterations"],
+                "converged": info["converged"],
+            }
+        )
 
     n = SQRT_N
     t = time.perf_counter()
@@ -221,20 +278,27 @@ def _fedsim_eval_jax_blt(jax_rows: list[dict]) -> dict[str, float]:
 
 
 def _table(fed: list[dict], jax_rows: list[dict], cross: dict[str, float]) -> str:
-    lines = ["| case | jax_privacy variant | fedsim loss | jax_privacy loss | rel. diff (fedsim − jax)/jax "
-             "| fedsim s | jax_privacy s |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| case | jax_privacy variant | fedsim loss | jax_privacy loss | rel. diff (fedsim − jax)/jax "
+        "| fedsim s | jax_privacy s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     by_case = {r["case"]: r for r in fed}
     for j in jax_rows:
         f = by_case.get(j["case"])
         if f is None:
             continue
         rel = (f["loss"] - j["loss"]) / j["loss"]
-        lines.append(f"| {j['case']} | {j['variant']} | {f['loss']:.10g} | {j['loss']:.10g} | {rel:+.2e} "
-                     f"| {f['seconds']:.2f} | {j['seconds']:.2f} |")
+        lines.append(
+            f"| {j['case']} | {j['variant']} | {f['loss']:.10g} | {j['loss']:.10g} | {rel:+.2e} "
+            f"| {f['seconds']:.2f} | {j['seconds']:.2f} |"
+        )
     if cross:
         lines.append("")
-        lines.append("jax_privacy's BLT parameters evaluated by fedsim's blt_errors: "
-                     + ", ".join(f"{c}: {v:.10g}" for c, v in cross.items()))
+        lines.append(
+            "jax_privacy's BLT parameters evaluated by fedsim's blt_errors: "
+            + ", ".join(f"{c}: {v:.10g}" for c, v in cross.items())
+        )
     return "\n".join(lines)
 
 
@@ -257,8 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
         env.setdefault("JAX_PLATFORMS", "cpu")
-        out = subprocess.run([args.jax_python, os.path.abspath(__file__), "--jax-side"], env=env,
-                             cwd=tempfile.gettempdir(), capture_output=True, text=True)
+        out = subprocess.run(
+            [args.jax_python, os.path.abspath(__file__), "--jax-side"],
+            env=env,
+            cwd=tempfile.gettempdir(),
+            capture_output=True,
+            text=True,
+        )
         if out.returncode != 0:
             sys.stderr.write(out.stderr)
             raise SystemExit(f"the jax_privacy side failed (exit {out.returncode})")

@@ -35,8 +35,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MECHS = {"gaussian": "shakespeare_gaussian.toml", "blt": "shakespeare_blt.toml",
-         "banded": "shakespeare_banded.toml", "dense": "shakespeare_dense.toml"}
+MECHS = {
+    "gaussian": "shakespeare_gaussian.toml",
+    "blt": "shakespeare_blt.toml",
+    "banded": "shakespeare_banded.toml",
+    "dense": "shakespeare_dense.toml",
+}
 
 
 def one(out: Path, mech: str, eps: float, seed: int) -> dict:
@@ -44,9 +48,26 @@ def one(out: Path, mech: str, eps: float, seed: int) -> dict:
     run_dir = out / f"{mech}-eps{eps:g}-s{seed}"
     summ = run_dir / "summary.json"
     if not summ.exists():
-        cmd = [sys.executable, "-m", "fedsim.cli", "run", str(HERE / MECHS[mech]), "--quiet", "--out", str(run_dir),
-               "--set", f"privacy.target_epsilon={eps}", "--set", f"seed={seed}", "--set", "eval.every=0",
-               "--set", "sim.engine='inprocess'", "--set", "sim.num_workers=1"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fedsim.cli",
+            "run",
+            str(HERE / MECHS[mech]),
+            "--quiet",
+            "--out",
+            str(run_dir),
+            "--set",
+            f"privacy.target_epsilon={eps}",
+            "--set",
+            f"seed={seed}",
+            "--set",
+            "eval.every=0",
+            "--set",
+            "sim.engine='inprocess'",
+            "--set",
+            "sim.num_workers=1",
+        ]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         with open(out / f"{run_dir.name}.log", "w") as log:
             subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -60,8 +81,10 @@ def markdown_table(out: Path) -> str:
     for summ in sorted(out.glob("*-eps*-s*/summary.json")):
         mech, eps, seed = summ.parent.name.rsplit("-", 2)
         rows.setdefault((mech, float(eps[3:])), {})[int(seed[1:])] = json.loads(summ.read_text())
-    lines = ["| ε | mechanism | z | sens(C) | seed 0 / 1 / 2 | mean ± std | wall time per run |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| ε | mechanism | z | sens(C) | seed 0 / 1 / 2 | mean ± std | wall time per run |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for e in sorted({e for _, e in rows}):
         for m in [m for m in MECHS if (m, e) in rows]:
             r = rows[(m, e)]
@@ -70,11 +93,16 @@ def markdown_table(out: Path) -> str:
                     raise SystemExit(f"{m} ε={e:g}: the run's ε is {s['epsilon']}, not the target")
             accs = [100 * r[k]["final_eval_accuracy"] for k in sorted(r)]
             first = r[min(r)]
-            mean = (f"{statistics.mean(accs):.2f} ± {statistics.stdev(accs):.2f} %" if len(accs) > 1
-                    else f"{accs[0]:.2f} % (1 seed)")
+            mean = (
+                f"{statistics.mean(accs):.2f} ± {statistics.stdev(accs):.2f} %"
+                if len(accs) > 1
+                else f"{accs[0]:.2f} % (1 seed)"
+            )
             walls = [r[k]["wall_seconds"] for k in r]
-            lines.append(f"| {e:g} | {m} | {first['noise_multiplier']:.4f} | {first.get('sensitivity') or 1.0:.3f} | "
-                         f"{' / '.join(f'{a:.2f}' for a in accs)} | {mean} | {min(walls):.0f}–{max(walls):.0f} s |")
+            lines.append(
+                f"| {e:g} | {m} | {first['noise_multiplier']:.4f} | {first.get('sensitivity') or 1.0:.3f} | "
+                f"{' / '.join(f'{a:.2f}' for a in accs)} | {mean} | {min(walls):.0f}–{max(walls):.0f} s |"
+            )
     return "\n".join(lines)
 
 
@@ -95,11 +123,22 @@ def main() -> None:
     with ThreadPoolExecutor(args.jobs) as pool:
         summaries = dict(zip(arms, pool.map(lambda a: one(args.out, *a), arms)))
     results = {f"{m}/eps{e:g}": [summaries[(m, e, s)] for s in range(args.seeds)] for e in args.eps for m in args.mechs}
-    (args.out / "grid.json").write_text(json.dumps(
-        {k: {"accuracies": [r["final_eval_accuracy"] for r in rows], "epsilon": [r["epsilon"] for r in rows],
-             "noise_multiplier": rows[0]["noise_multiplier"], "wall_seconds": [r["wall_seconds"] for r in rows]}
-         for k, rows in results.items()}, indent=1))
+    (args.out / "grid.json").write_text(
+        json.dumps(
+            {
+                k: {
+                    "accuracies": [r["final_eval_accuracy"] for r in rows],
+                    "epsilon": [r["epsilon"] for r in rows],
+                    "noise_multiplier": rows[0]["noise_multiplier"],
+                    "wall_seconds": [r["wall_seconds"] for r in rows],
+                }
+                for k, rows in results.items()
+            },
+            indent=1,
+        )
+    )
     print(markdown_table(args.out))
+
 
 if __name__ == "__main__":
     main()

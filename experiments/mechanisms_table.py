@@ -47,8 +47,16 @@ def main() -> None:
             plan = plan_mf(mech, scheme, n, **kw)
             sec = time.perf_counter() - t0
             q = factorization_quality(plan, A)
-            rows.append({"family": label, "n": n, **q, "sensitivity": plan.sens, "seconds": sec,
-                         "iterations": plan.info.get("iterations")})
+            rows.append(
+                {
+                    "family": label,
+                    "n": n,
+                    **q,
+                    "sensitivity": plan.sens,
+                    "seconds": sec,
+                    "iterations": plan.info.get("iterations"),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     print("\n| n | " + " | ".join(f for f, _, _ in FAMILIES) + " |")
     print("|---|" + "---|" * len(FAMILIES))

@@ -248,9 +248,7 @@ def _se(a: np.ndarray) -> float:
     return float(a.std(ddof=1) / np.sqrt(a.size))
 
 
-def select_rows(
-    n: int, gammas: np.ndarray, results: dict[str, dict[str, Any]], seeds: int
-) -> list[dict[str, Any]]:
+def select_rows(n: int, gammas: np.ndarray, results: dict[str, dict[str, Any]], seeds: int) -> list[dict[str, Any]]:
     """Best (γ, τ) per method and per metric, on MC means and on exact expectations."""
     groups = {
         "dp_sgd": ["dp_sgd"],
@@ -391,14 +389,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ns", type=int, nargs="+", help="numbers of steps n (default: quick 64 128; full 64 128 256 512)")
     p.add_argument("--seeds", type=int, help="number of seeds (default: quick 5; full 20)")
     p.add_argument("--gammas", type=float, nargs="+", help="step-size grid")
-    p.add_argument("--taus", type=int, nargs="+",
-                   help="DP-MF+ τ grid (τ > n dropped, τ = n added); default: powers of two ≤ n; "
-                   "the paper's grid is 1 2 10 50 100 200 500 1000 5000")
+    p.add_argument(
+        "--taus",
+        type=int,
+        nargs="+",
+        help="DP-MF+ τ grid (τ > n dropped, τ = n added); default: powers of two ≤ n; "
+        "the paper's grid is 1 2 10 50 100 200 500 1000 5000",
+    )
     p.add_argument("--d", type=int, default=100)
     p.add_argument("--L", type=float, default=10.0)
     p.add_argument("--zeta", type=float, default=20.0, help="noise level ζ (the paper's σ = 20)")
-    p.add_argument("--noise", choices=("paper", "per-coordinate"), default="paper",
-                   help="paper: Z entries N(0, ζ²/d) (E‖z_t‖² = ζ²); per-coordinate: N(0, ζ²)")
+    p.add_argument(
+        "--noise",
+        choices=("paper", "per-coordinate"),
+        default="paper",
+        help="paper: Z entries N(0, ζ²/d) (E‖z_t‖² = ζ²); per-coordinate: N(0, ζ²)",
+    )
     p.add_argument("--spectrum", choices=("singular-linear", "hessian-linear"), default="singular-linear")
     p.add_argument("--base-seed", type=int, default=0)
     p.add_argument("--grid-json", help="also write every (method, τ, γ) result to this file")
@@ -420,9 +426,18 @@ def main(argv: list[str] | None = None) -> int:
     noise_std = args.zeta / np.sqrt(args.d) if args.noise == "paper" else args.zeta
 
     config = {
-        "ns": ns, "seeds": seeds, "gammas": gammas.tolist(), "taus": tau_grid, "d": args.d,
-        "L": args.L, "zeta": args.zeta, "noise": args.noise, "noise_std_per_coordinate": noise_std,
-        "spectrum": args.spectrum, "base_seed": args.base_seed, "x0": "0",
+        "ns": ns,
+        "seeds": seeds,
+        "gammas": gammas.tolist(),
+        "taus": tau_grid,
+        "d": args.d,
+        "L": args.L,
+        "zeta": args.zeta,
+        "noise": args.noise,
+        "noise_std_per_coordinate": noise_std,
+        "spectrum": args.spectrum,
+        "base_seed": args.base_seed,
+        "x0": "0",
     }
     print(f"[config] {json.dumps(config)}", file=sys.stderr, flush=True)
 
@@ -453,7 +468,9 @@ def main(argv: list[str] | None = None) -> int:
             for gi, gam in enumerate(gammas):
                 grid_dump.append(
                     {
-                        "n": n, "config": key, "gamma": float(gam),
+                        "n": n,
+                        "config": key,
+                        "gamma": float(gam),
                         **{f"mc_{m}": float(np.mean(v[gi])) for m, v in mc.items()},
                         **{f"exact_{m}": float(np.mean(v[gi])) for m, v in ex.items()},
                     }
@@ -464,8 +481,11 @@ def main(argv: list[str] | None = None) -> int:
                 z = (mc["last_loss"][finite].mean(1) - ex["last_loss"][finite].mean(1)) / (
                     mc["last_loss"][finite].std(1, ddof=1) / np.sqrt(seeds) + 1e-300
                 )
-                print(f"[check] n={n} {key}: max |MC−exact|/SE (last iterate) over γ = "
-                      f"{np.max(np.abs(z)):.2f}", file=sys.stderr, flush=True)
+                print(
+                    f"[check] n={n} {key}: max |MC−exact|/SE (last iterate) over γ = {np.max(np.abs(z)):.2f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         print(f"[simulate] n={n}: {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
         all_rows += select_rows(n, gammas, results, seeds)
         if n == max(ns):

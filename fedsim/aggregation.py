@@ -21,8 +21,17 @@ import torch
 from fedsim.privacy.clipping import clip_vector
 
 #: Drop reasons counted in ``metrics.jsonl``.
-DROP_REASONS = ("client_error", "missing", "dtype", "shape", "nonfinite", "unexpected_users", "stale",
-                "duplicate", "bad_state")
+DROP_REASONS = (
+    "client_error",
+    "missing",
+    "dtype",
+    "shape",
+    "nonfinite",
+    "unexpected_users",
+    "stale",
+    "duplicate",
+    "bad_state",
+)
 
 
 class UpdateAggregator:

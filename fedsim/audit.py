@@ -276,8 +276,7 @@ def epsilon_two_gaussians(mu0: float, sigma0: float, mu1: float, sigma1: float, 
     log_delta = math.log(delta)
 
     def excess(eps: float) -> float:
-        ld = max(log_hockey_stick(eps, mu0, sigma0, mu1, sigma1),
-                 log_hockey_stick(eps, mu1, sigma1, mu0, sigma0))
+        ld = max(log_hockey_stick(eps, mu0, sigma0, mu1, sigma1), log_hockey_stick(eps, mu1, sigma1, mu0, sigma0))
         return max(ld, -1e6) - log_delta
 
     if excess(0.0) <= 0.0:
@@ -298,8 +297,12 @@ def fit_gaussian(x: Iterable[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1))
 
 
-def estimate_epsilon(observed: Sequence[float], null: Sequence[float] | None, delta: float,
-                     dim: int | None = None) -> float:
+def estimate_epsilon(
+    observed: Sequence[float] | np.ndarray,
+    null: Sequence[float] | np.ndarray | None,
+    delta: float,
+    dim: int | None = None,
+) -> float:
     """The one-shot ε estimate from canary cosines.
 
     Parameters
@@ -323,10 +326,17 @@ def estimate_epsilon(observed: Sequence[float], null: Sequence[float] | None, de
     return epsilon_two_gaussians(mu0, s0, mu1, s1, delta)
 
 
-def bootstrap_interval(observed: Sequence[float], null: Sequence[float] | None, delta: float, *,
-                       dim: int | None = None, alpha: float = DEFAULT_ALPHA,
-                       num_bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0,
-                       method: str = "basic") -> tuple[float, float]:
+def bootstrap_interval(
+    observed: Sequence[float] | np.ndarray,
+    null: Sequence[float] | np.ndarray | None,
+    delta: float,
+    *,
+    dim: int | None = None,
+    alpha: float = DEFAULT_ALPHA,
+    num_bootstrap: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    method: str = "basic",
+) -> tuple[float, float]:
     """A ``1 − alpha`` bootstrap interval of :func:`estimate_epsilon` (unitless ε).
 
     The observed cosines (and the null ones, when given) are resampled with replacement
@@ -372,9 +382,17 @@ def bootstrap_interval(observed: Sequence[float], null: Sequence[float] | None, 
 NULL_MODELS = ("theoretical", "empirical")
 
 
-def estimate_from_cosines(observed: Sequence[float], null: Sequence[float], delta: float, dim: int, *,
-                          null_model: str = "theoretical", alpha: float = DEFAULT_ALPHA,
-                          num_bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> dict[str, Any]:
+def estimate_from_cosines(
+    observed: Sequence[float] | np.ndarray,
+    null: Sequence[float] | np.ndarray,
+    delta: float,
+    dim: int,
+    *,
+    null_model: str = "theoretical",
+    alpha: float = DEFAULT_ALPHA,
+    num_bootstrap: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Everything the audit reports about the cosines.
 
     Parameters
@@ -405,35 +423,39 @@ def estimate_from_cosines(observed: Sequence[float], null: Sequence[float], delt
     nul = np.asarray(null, dtype=np.float64)
     mu1, s1 = fit_gaussian(obs)
     mu0, s0 = fit_gaussian(nul)
-    eps = {"theoretical": estimate_epsilon(obs, None, delta, dim=dim),
-           "empirical": epsilon_two_gaussians(mu0, s0, mu1, s1, delta)}
+    eps = {
+        "theoretical": estimate_epsilon(obs, None, delta, dim=dim),
+        "empirical": epsilon_two_gaussians(mu0, s0, mu1, s1, delta),
+    }
     boot_null = None if null_model == "theoretical" else nul
-    lo, hi = bootstrap_interval(obs, boot_null, delta, dim=dim, alpha=alpha, num_bootstrap=num_bootstrap,
-                                seed=seed)
+    lo, hi = bootstrap_interval(obs, boot_null, delta, dim=dim, alpha=alpha, num_bootstrap=num_bootstrap, seed=seed)
     theo = 1.0 / math.sqrt(dim)
     mean_z = mu0 / (theo / math.sqrt(nul.size))
     std_ratio = s0 / theo
     std_ratio_se = math.sqrt(0.5 / (nul.size - 1))  # standard error of a normal sample's std / σ
     warnings = []
     if abs(mean_z) > 5 or abs(std_ratio - 1.0) > 5 * std_ratio_se:
-        warnings.append(f"the null cosines do not look like N(0, 1/d) (mean {mean_z:.1f} standard errors "
-                        f"from 0, std {std_ratio:.3f} × 1/√d): the directions may not be independent of "
-                        f"the model delta; do not trust this estimate")
+        warnings.append(
+            f"the null cosines do not look like N(0, 1/d) (mean {mean_z:.1f} standard errors "
+            f"from 0, std {std_ratio:.3f} × 1/√d): the directions may not be independent of "
+            f"the model delta; do not trust this estimate"
+        )
     resampled = "observed cosines" if boot_null is None else "observed and null cosines"
     return {
         "epsilon_estimate": eps[null_model],
         "epsilon_interval": [lo, hi],
         "confidence": 1.0 - alpha,
         "null_model": null_model,
-        "interval_method": (f"basic (reverse-percentile) bootstrap over canaries: {resampled} resampled "
-                            f"with replacement {num_bootstrap} times (seed {seed})"),
+        "interval_method": (
+            f"basic (reverse-percentile) bootstrap over canaries: {resampled} resampled "
+            f"with replacement {num_bootstrap} times (seed {seed})"
+        ),
         "epsilon_estimate_theoretical_null": eps["theoretical"],
         "epsilon_estimate_empirical_null": eps["empirical"],
         "delta": delta,
         "dimension": int(dim),
         "observed_cosine": {"mean": mu1, "std": s1},
-        "null_cosine": {"mean": mu0, "std": s0, "theoretical_std": theo, "mean_z": mean_z,
-                        "std_ratio": std_ratio},
+        "null_cosine": {"mean": mu0, "std": s0, "theoretical_std": theo, "mean_z": mean_z, "std_ratio": std_ratio},
         "warnings": warnings,
     }
 
@@ -468,10 +490,17 @@ def _population_error(cfg: Any, m: int) -> bool:
     return ok(n) and not ok(n + m)
 
 
-def run_audit(cfg: Any, out_dir: str | Path | None = None, num_canaries: int = DEFAULT_CANARIES, *,
-              null_model: str = "theoretical", alpha: float = DEFAULT_ALPHA,
-              num_bootstrap: int = DEFAULT_BOOTSTRAP, seed: int | None = None,
-              progress: bool = True) -> dict[str, Any]:
+def run_audit(
+    cfg: Any,
+    out_dir: str | Path | None = None,
+    num_canaries: int = DEFAULT_CANARIES,
+    *,
+    null_model: str = "theoretical",
+    alpha: float = DEFAULT_ALPHA,
+    num_bootstrap: int = DEFAULT_BOOTSTRAP,
+    seed: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Train ``cfg`` once with ``num_canaries`` canary users and estimate ε from the final model.
 
     Parameters
@@ -495,15 +524,9 @@ def run_audit(cfg: Any, out_dir: str | Path | None = None, num_canaries: int = D
     and ``null_cosine`` (mean, std), ``dimension``, ``warnings``, ``caveats`` and facts about
     the run. Non-finite numbers are written as ``"inf"``.
     """
-    from fedsim.checkpoint import load_checkpoint
-    from fedsim.simulation import default_run_dir, prepare, run_experiment
+    from fedsim.simulation import default_run_dir, run_experiment
 
-    if int(num_canaries) < 2:
-        raise FedsimError(f"--canaries must be ≥ 2 (got {num_canaries})")
-    if not 0.0 < alpha < 1.0:
-        raise FedsimError(f"--alpha must be in (0, 1) (got {alpha})")
-    if null_model not in NULL_MODELS:
-        raise FedsimError(f"--null {null_model!r}: allowed are {', '.join(NULL_MODELS)}")
+    _check_audit_options(num_canaries, alpha, null_model)
     m = int(num_canaries)
     audit_seed = derive_seed(cfg.seed, "audit") if seed is None else int(seed)
     out = Path(out_dir) if out_dir is not None else default_run_dir(cfg)
@@ -514,22 +537,63 @@ def run_audit(cfg: Any, out_dir: str | Path | None = None, num_canaries: int = D
         if canaries.first_id is None and _population_error(cfg, m):
             raise FedsimError(f"{e} (the audit adds {m} canary users to the population)") from None
         raise
-    # x_0 exactly as the run built it; with z fixed to the run's value, so no recalibration.
+    delta_model = _model_delta(cfg, summary, out, m)
+    observed, null = canaries.cosines(delta_model)
+    run_delta = float(summary["delta"])
+    stats = estimate_from_cosines(
+        observed,
+        null,
+        run_delta,
+        delta_model.numel(),
+        null_model=null_model,
+        alpha=alpha,
+        num_bootstrap=num_bootstrap,
+        seed=audit_seed,
+    )
+    report = _report(stats, summary, canaries.participations, m, run_delta, audit_seed, out)
+    np.savez(out / "audit_cosines.npz", observed=observed, null=null, participations=canaries.participations)
+    (out / "audit.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    return report
+
+
+def _check_audit_options(num_canaries: int, alpha: float, null_model: str) -> None:
+    if int(num_canaries) < 2:
+        raise FedsimError(f"--canaries must be ≥ 2 (got {num_canaries})")
+    if not 0.0 < alpha < 1.0:
+        raise FedsimError(f"--alpha must be in (0, 1) (got {alpha})")
+    if null_model not in NULL_MODELS:
+        raise FedsimError(f"--null {null_model!r}: allowed are {', '.join(NULL_MODELS)}")
+
+
+def _model_delta(cfg: Any, summary: dict[str, Any], out: Path, m: int) -> torch.Tensor:
+    """``x_T − x_0`` of the audited run (float64): ``x_0`` rebuilt exactly as the run built it,
+    with ``z`` fixed to the run's value (no recalibration), ``x_T`` from its checkpoint."""
+    from fedsim.build import prepare
+    from fedsim.checkpoint import load_checkpoint
+
     run_cfg = cfg
     if cfg.privacy.mechanism != "none" and cfg.privacy.target_epsilon is not None:
-        priv = cfg.privacy.model_copy(update={"noise_multiplier": float(summary["noise_multiplier"]),
-                                              "target_epsilon": None})
+        priv = cfg.privacy.model_copy(
+            update={"noise_multiplier": float(summary["noise_multiplier"]), "target_epsilon": None}
+        )
         run_cfg = cfg.model_copy(update={"privacy": priv})
     prep = prepare(run_cfg, extra_users=m)
     if prep.spec.population != summary["population"] or prep.num_params != summary["num_parameters"]:
         raise RuntimeError("audit: the prepared run does not match the trained one")
     params = load_checkpoint(out / "checkpoint")["server"]["params"]
-    delta_model = params.detach().to("cpu", torch.float64) - prep.x0.to(torch.float64)
-    observed, null = canaries.cosines(delta_model)
-    run_delta = float(summary["delta"])
-    stats = estimate_from_cosines(observed, null, run_delta, delta_model.numel(), null_model=null_model,
-                                  alpha=alpha, num_bootstrap=num_bootstrap, seed=audit_seed)
-    part = canaries.participations
+    return params.detach().to("cpu", torch.float64) - prep.x0.to(torch.float64)
+
+
+def _report(
+    stats: dict[str, Any],
+    summary: dict[str, Any],
+    part: np.ndarray,
+    m: int,
+    run_delta: float,
+    audit_seed: int,
+    out: Path,
+) -> dict[str, Any]:
+    """``audit.json``: the estimate next to the ledger's ε and what it rests on."""
     eps = summary["epsilon"]
     report: dict[str, Any] = {
         "epsilon_estimate": stats["epsilon_estimate"],
@@ -546,8 +610,12 @@ def run_audit(cfg: Any, out_dir: str | Path | None = None, num_canaries: int = D
         "observed_cosine": stats["observed_cosine"],
         "null_cosine": stats["null_cosine"],
         "dimension": stats["dimension"],
-        "canary_participations": {"mean": float(part.mean()), "min": int(part.min()),
-                                  "max": int(part.max()), "never": int((part == 0).sum())},
+        "canary_participations": {
+            "mean": float(part.mean()),
+            "min": int(part.min()),
+            "max": int(part.max()),
+            "never": int((part == 0).sum()),
+        },
         "population": summary["population"],
         "real_users": summary["population"] - m,
         "mechanism": summary["mechanism"],
@@ -556,13 +624,12 @@ def run_audit(cfg: Any, out_dir: str | Path | None = None, num_canaries: int = D
         "rounds": summary["rounds_completed"],
         "seed": audit_seed,
         "run_dir": str(out),
-        "method": ("one-shot estimate (Andrew et al., ICLR 2024): epsilon at the run's delta between the "
-                   "null N(0, 1/d) (or a Gaussian fitted to never-inserted directions) and a Gaussian "
-                   "fitted to the inserted canaries' cosines with the final model delta x_T - x_0"),
+        "method": (
+            "one-shot estimate (Andrew et al., ICLR 2024): epsilon at the run's delta between the "
+            "null N(0, 1/d) (or a Gaussian fitted to never-inserted directions) and a Gaussian "
+            "fitted to the inserted canaries' cosines with the final model delta x_T - x_0"
+        ),
         "warnings": stats["warnings"],
         "caveats": CAVEATS,
     }
-    report = _json_safe(report)
-    np.savez(out / "audit_cosines.npz", observed=observed, null=null, participations=part)
-    (out / "audit.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
-    return report
+    return _json_safe(report)

@@ -48,10 +48,16 @@ SYNTHETIC_ID_PREFIX = "__fedsim_synthetic_user_"
 def scheme_of(cfg: Config, population: int) -> ParticipationScheme:
     """The participation scheme ``cfg`` asks for, checked against the run length."""
     s = cfg.sampling
-    return make_scheme(s.scheme, population, s.cohort_size, min_sep=s.min_sep,
-                       max_participations=s.max_participations,
-                       poisson_within_group=s.poisson_within_group, rounds=cfg.rounds,
-                       assignment=s.assignment)
+    return make_scheme(
+        s.scheme,
+        population,
+        s.cohort_size,
+        min_sep=s.min_sep,
+        max_participations=s.max_participations,
+        poisson_within_group=s.poisson_within_group,
+        rounds=cfg.rounds,
+        assignment=s.assignment,
+    )
 
 
 def note_max_users(cfg: Config, population: int) -> None:
@@ -59,8 +65,12 @@ def note_max_users(cfg: Config, population: int) -> None:
     if cfg.data.max_users is not None and cfg.data.max_users > population:
         import sys
 
-        print(f"fedsim: note: data.max_users = {cfg.data.max_users} exceeds the {population} users of "
-              f"{cfg.data.name}; using all {population}", file=sys.stderr, flush=True)
+        print(
+            f"fedsim: note: data.max_users = {cfg.data.max_users} exceeds the {population} users of "
+            f"{cfg.data.name}; using all {population}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def resolve_privacy(cfg: Config, population: int) -> AccountingSpec:
@@ -71,16 +81,25 @@ def resolve_privacy(cfg: Config, population: int) -> AccountingSpec:
     p = cfg.privacy
     delta = p.delta if p.delta is not None else default_delta(population)
     if delta >= 1.0 / population and not p.delta_reason:
-        raise FedsimError(f"privacy.delta = {delta:g} is not below 1/N = {1.0 / population:.3g}: a δ that large allows "
-                          f"releasing one user's data outright. Lower it (the default is 1/N^1.1 = "
-                          f"{default_delta(population):.3g}), or say why in privacy.delta_reason = \"…\"")
+        raise FedsimError(
+            f"privacy.delta = {delta:g} is not below 1/N = {1.0 / population:.3g}: a δ that large allows "
+            f"releasing one user's data outright. Lower it (the default is 1/N^1.1 = "
+            f'{default_delta(population):.3g}), or say why in privacy.delta_reason = "…"'
+        )
     amplified = isinstance(scheme, GroupScheme) and scheme.poisson_within_group
-    spec = AccountingSpec(mechanism=p.mechanism, scheme=cfg.sampling.scheme, population=population,
-                          cohort_size=scheme.expected_cohort, noise_multiplier=p.noise_multiplier or 0.0,
-                          delta=delta, accountant=p.accountant,
-                          min_sep=scheme.min_separation or 1, amplified=amplified,
-                          no_guarantee=cfg.client.error_feedback == "server",
-                          assignment=scheme.assignment)
+    spec = AccountingSpec(
+        mechanism=p.mechanism,
+        scheme=cfg.sampling.scheme,
+        population=population,
+        cohort_size=scheme.expected_cohort,
+        noise_multiplier=p.noise_multiplier or 0.0,
+        delta=delta,
+        accountant=p.accountant,
+        min_sep=scheme.min_separation or 1,
+        amplified=amplified,
+        no_guarantee=cfg.client.error_feedback == "server",
+        assignment=scheme.assignment,
+    )
     if p.mechanism != "none" and p.target_epsilon is not None:
         z = calibrate_noise_multiplier(spec, cfg.rounds, p.target_epsilon)
         spec = replace(spec, noise_multiplier=z)
@@ -98,7 +117,9 @@ def count_releases_per_user(spec: AccountingSpec, scheme: ParticipationScheme, r
     return int(min(k, -(-rounds // b)))
 
 
-def resolve_clipping(cfg: Config, spec: AccountingSpec, scheme: ParticipationScheme) -> tuple[float, dict[str, Any] | None]:
+def resolve_clipping(
+    cfg: Config, spec: AccountingSpec, scheme: ParticipationScheme
+) -> tuple[float, dict[str, Any] | None]:
     """The update's noise multiplier and, with adaptive clipping, the budget split.
 
     Without adaptive clipping the update uses the whole ``z``. With it, the count takes
@@ -183,10 +204,12 @@ def resolve_vectorize(cfg: Config, model_ok: bool, disk_client: bool) -> bool:
     if cfg.sim.vectorize == "off":
         return False
     if cfg.sim.vectorize == "on" and (not model_ok or other):
-        raise FedsimError(f"sim.vectorize = 'on': model.name = '{cfg.model.name}' "
-                          f"{'has recurrent layers or more than 2M parameters' if not model_ok else 'is fine, but'}"
-                          f"{'' if not other else ' DiSK client evaluation, error feedback or example-level DP is on'};"
-                          f" use sim.vectorize = 'auto' or 'off'")
+        raise FedsimError(
+            f"sim.vectorize = 'on': model.name = '{cfg.model.name}' "
+            f"{'has recurrent layers or more than 2M parameters' if not model_ok else 'is fine, but'}"
+            f"{'' if not other else ' DiSK client evaluation, error feedback or example-level DP is on'};"
+            f" use sim.vectorize = 'auto' or 'off'"
+        )
     return model_ok and not other
 
 
@@ -230,11 +253,22 @@ def prepare(cfg: Config, extra_users: int = 0, data: FederatedData | None = None
     plan = None
     if spec.is_mf:
         p = cfg.privacy
-        plan = plan_mf(p.mechanism, scheme, cfg.rounds, workload=p.workload, momentum=cfg.server.momentum,
-                       bands=p.bands, buffers=p.buffers, tau=p.tau, objective=p.objective,
-                       tree_estimator=p.tree_estimator, factorize_device=p.factorize_device)
-    model = make_model(cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"),
-                       dp_layers=cfg.privacy.unit == "example")
+        plan = plan_mf(
+            p.mechanism,
+            scheme,
+            cfg.rounds,
+            workload=p.workload,
+            momentum=cfg.server.momentum,
+            bands=p.bands,
+            buffers=p.buffers,
+            tau=p.tau,
+            objective=p.objective,
+            tree_estimator=p.tree_estimator,
+            factorize_device=p.factorize_device,
+        )
+    model = make_model(
+        cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"), dp_layers=cfg.privacy.unit == "example"
+    )
     x0 = parameters_to_vector(model.parameters()).detach().to(torch.float32)
     if cfg.client.error_feedback == "client":
         from fedsim.error_feedback import check_memory
@@ -242,10 +276,7 @@ def prepare(cfg: Config, extra_users: int = 0, data: FederatedData | None = None
         check_memory(data.population, x0.numel(), cfg.client.error_feedback_memory_mb)
     from fedsim.vectorized import vectorizable
 
-    return Prepared(cfg, data, spec, scheme, plan, x0, num_parameters(model), z_update, split,
-                    vectorizable(model))
-
-
+    return Prepared(cfg, data, spec, scheme, plan, x0, num_parameters(model), z_update, split, vectorizable(model))
 
 
 def make_server_filter(cfg: Config) -> Any:
@@ -263,8 +294,9 @@ def make_server_filter(cfg: Config) -> Any:
     return make_filter("disk", mode=f.mode, kappa=f.kappa, gamma=f.gamma)
 
 
-def make_server_optimizer(cfg: Config, noise_std: float | Any, plan: MFPlan | None, filt: Any,
-                          expected_cohort: float | None = None) -> Any:
+def make_server_optimizer(
+    cfg: Config, noise_std: float | Any, plan: MFPlan | None, filt: Any, expected_cohort: float | None = None
+) -> Any:
     """The server optimizer; for ``adambc`` with ``Φ_t`` computed exactly from the noise
     mechanism (its noising matrix) pushed through the filter's impulse response.
     ``noise_std`` is ``c·z·sens`` or, with adaptive clipping, a function of the round;
@@ -278,8 +310,17 @@ def make_server_optimizer(cfg: Config, noise_std: float | Any, plan: MFPlan | No
 
     impulse = None if filt is None else filt.impulse_response(cfg.rounds)
     phi = noise_variance_fn(noise_std, expected_cohort, None if plan is None else plan.noising, impulse)
-    return make_optimizer("adambc", s.lr, s.momentum, s.beta1, s.beta2, s.eps, s.bias_correction,
-                          noise_variance=phi, gamma_frac=s.gamma_frac)
+    return make_optimizer(
+        "adambc",
+        s.lr,
+        s.momentum,
+        s.beta1,
+        s.beta2,
+        s.eps,
+        s.bias_correction,
+        noise_variance=phi,
+        gamma_frac=s.gamma_frac,
+    )
 
 
 @dataclass
@@ -350,8 +391,9 @@ def server_clip_norm(cfg: Config) -> float:
     return c1
 
 
-def _build_server(cfg: Config, prep: Prepared, noise: Any, key: PrivacyKey, ledger: Ledger,
-                  device: torch.device) -> DPServer:
+def _build_server(
+    cfg: Config, prep: Prepared, noise: Any, key: PrivacyKey, ledger: Ledger, device: torch.device
+) -> DPServer:
     """The DP server: noise, filter, optimizer (with ``Φ_t`` for DP-AdamBC), clipping control."""
     z_eff = prep.update_noise_multiplier
     filt = make_server_filter(cfg)
@@ -366,17 +408,33 @@ def _build_server(cfg: Config, prep: Prepared, noise: Any, key: PrivacyKey, ledg
     if prep.budget_split is not None:
         from fedsim.privacy.adaptive_clip import AdaptiveClip
 
-        clip_ctl = AdaptiveClip(cfg.client.clip_norm, cfg.clipping.target_quantile, cfg.clipping.lr,
-                                prep.budget_split["count_stddev"], prep.scheme.expected_cohort,
-                                key.derive("clip-count"))
+        clip_ctl = AdaptiveClip(
+            cfg.client.clip_norm,
+            cfg.clipping.target_quantile,
+            cfg.clipping.lr,
+            prep.budget_split["count_stddev"],
+            prep.scheme.expected_cohort,
+            key.derive("clip-count"),
+        )
 
         def noise_std(tau: int, _c: Any = clip_ctl, _s: float = z_eff * noise.sensitivity) -> float:
             return float((_c.history + [_c.clip_norm])[tau] * _s)
-    optimizer = make_server_optimizer(cfg, noise_std=noise_std, plan=prep.plan, filt=filt,
-                                      expected_cohort=prep.scheme.expected_cohort)
-    server = DPServer(prep.x0.to(device), noise, optimizer, ledger, server_clip,
-                      z_eff, prep.scheme.expected_cohort, filter=filt, clip_controller=clip_ctl,
-                      error_feedback=server_ef)
+
+    optimizer = make_server_optimizer(
+        cfg, noise_std=noise_std, plan=prep.plan, filt=filt, expected_cohort=prep.scheme.expected_cohort
+    )
+    server = DPServer(
+        prep.x0.to(device),
+        noise,
+        optimizer,
+        ledger,
+        server_clip,
+        z_eff,
+        prep.scheme.expected_cohort,
+        filter=filt,
+        clip_controller=clip_ctl,
+        error_feedback=server_ef,
+    )
     if cfg.filter.trace_coordinates:
         server.enable_trace(cfg.filter.trace_coordinates, derive_seed(cfg.seed, "filter-trace"))
     return server
@@ -385,38 +443,61 @@ def _build_server(cfg: Config, prep: Prepared, noise: Any, key: PrivacyKey, ledg
 def _build_ledger(cfg: Config, prep: Prepared, notes: list[str]) -> tuple[Ledger, Any]:
     """The privacy ledger (with the silos' example-level ledger for ``privacy.unit = "example"``)
     and the example-level DP settings (None for user-level DP)."""
-    ledger = Ledger(prep.spec, cfg.rounds, budget_split=prep.budget_split, notes=notes,
-                    account_every=cfg.privacy.account_every, side_statistics=cfg.privacy.publish_side_statistics)
+    ledger = Ledger(
+        prep.spec,
+        cfg.rounds,
+        budget_split=prep.budget_split,
+        notes=notes,
+        account_every=cfg.privacy.account_every,
+        side_statistics=cfg.privacy.publish_side_statistics,
+    )
     if cfg.privacy.unit != "example":
         return ledger, None
     from fedsim.example_dp import ExampleDP, SiloLedger, steps_and_rate
 
     data = prep.data
-    example_dp = ExampleDP(float(cfg.privacy.example_noise_multiplier), cfg.privacy.example_clip_norm)
+    z_example = cfg.privacy.example_noise_multiplier
+    assert z_example is not None  # the config requires it for unit = "example"
+    example_dp = ExampleDP(float(z_example), cfg.privacy.example_clip_norm)
     n_train = [data.num_train(u) for u in range(data.population)]
     ex_delta = cfg.privacy.example_delta or 1.0 / max(n_train) ** 1.1
-    ledger.silo = SiloLedger(example_dp, ex_delta, {
-        u: steps_and_rate(min(n, cfg.client.max_examples), cfg.client.batch_size, cfg.client.local_epochs)
-        for u, n in enumerate(n_train)})
+    ledger.silo = SiloLedger(
+        example_dp,
+        ex_delta,
+        {
+            u: steps_and_rate(min(n, cfg.client.max_examples), cfg.client.batch_size, cfg.client.local_epochs)
+            for u, n in enumerate(n_train)
+        },
+    )
     return ledger, example_dp
 
 
 def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any) -> Task:
     """What every worker is told: data, model, local training, DiSK, error feedback."""
     ef = cfg.client.error_feedback
-    local = LocalTraining(cfg.client.local_epochs, cfg.client.batch_size, cfg.client.lr,
-                          cfg.client.max_examples, cfg.client.clip_norm)
+    local = LocalTraining(
+        cfg.client.local_epochs, cfg.client.batch_size, cfg.client.lr, cfg.client.max_examples, cfg.client.clip_norm
+    )
     disk = None
     if server.track_step:
         from fedsim.training import DiskClient
 
         filt = server.filter
         disk = DiskClient(filt.mode, filt.gamma, filt.a)
-    return Task(DataSpec.from_config(cfg.data), cfg.model.name, derive_seed(cfg.seed, "model"), cfg.seed,
-                local, threads=max(1, int(cfg.sim.client_cpus)),
-                use_gpu=cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu", disk=disk,
-                error_feedback=ef, ef_clip=cfg.client.c2 if ef != "none" else 0.0, example_dp=example_dp,
-                vectorize=resolve_vectorize(cfg, prep.vectorizable, disk is not None))
+    return Task(
+        DataSpec.from_config(cfg.data),
+        cfg.model.name,
+        derive_seed(cfg.seed, "model"),
+        cfg.seed,
+        local,
+        threads=max(1, int(cfg.sim.client_cpus)),
+        use_gpu=cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu",
+        disk=disk,
+        error_feedback=ef,
+        ef_clip=cfg.client.c2 if ef != "none" else 0.0,
+        example_dp=example_dp,
+        vectorize=resolve_vectorize(cfg, prep.vectorizable, disk is not None),
+    )
 
 
 def choose_eval_users(cfg: Config, population: int) -> list[int]:
@@ -430,8 +511,9 @@ def choose_eval_users(cfg: Config, population: int) -> list[int]:
     return list(range(population))
 
 
-def build_run(cfg: Config, *, resumed_spec: AccountingSpec | None = None, synthetic: Any = None,
-              deployment: Any = None) -> Run:
+def build_run(
+    cfg: Config, *, resumed_spec: AccountingSpec | None = None, synthetic: Any = None, deployment: Any = None
+) -> Run:
     """Build every piece of a run of ``cfg``; nothing runs and nothing is written.
 
     Parameters
@@ -444,8 +526,11 @@ def build_run(cfg: Config, *, resumed_spec: AccountingSpec | None = None, synthe
     deployment : a :class:`fedsim.deploy.runconfig.Deployment` (census population, owners,
         SuperNodes to wait for, the OS-drawn privacy key), or None for a simulation.
     """
-    prep = prepare(cfg, extra_users=0 if synthetic is None else int(synthetic.count),
-                   data=None if deployment is None else deployment.data)
+    prep = prepare(
+        cfg,
+        extra_users=0 if synthetic is None else int(synthetic.count),
+        data=None if deployment is None else deployment.data,
+    )
     if resumed_spec is not None:  # ε always comes from the spec the run started with
         z_update, split = resolve_clipping(cfg, resumed_spec, prep.scheme)
         prep = replace(prep, spec=resumed_spec, update_noise_multiplier=z_update, budget_split=split)
@@ -467,8 +552,9 @@ def build_run(cfg: Config, *, resumed_spec: AccountingSpec | None = None, synthe
         notes.append(SERVER_EF_LABEL)
     ledger, example_dp = _build_ledger(cfg, prep, notes)
     server = _build_server(cfg, prep, noise, key, ledger, device)
-    user_ids = list(data.names) + ([] if synthetic is None else
-                                   [f"{SYNTHETIC_ID_PREFIX}{k}" for k in range(int(synthetic.count))])
+    user_ids = list(data.names) + (
+        [] if synthetic is None else [f"{SYNTHETIC_ID_PREFIX}{k}" for k in range(int(synthetic.count))]
+    )
     sampler = make_sampler(prep.scheme, key.derive("sampling"), user_ids)
     task = _build_task(cfg, prep, server, example_dp)
     client_store = None
@@ -482,13 +568,27 @@ def build_run(cfg: Config, *, resumed_spec: AccountingSpec | None = None, synthe
     eval_users = choose_eval_users(cfg, pop)
     majority = data.majority_baseline(eval_users, cfg.eval.max_examples_per_user) if eval_users else None
     return Run(
-        cfg=cfg, resolved=resolved, prep=prep, device=device, n_workers=n_workers,
-        engine=resolve_engine(cfg, n_workers), noise=noise, server=server, ledger=ledger, sampler=sampler,
-        task=task, client_store=client_store, ef=ef,
+        cfg=cfg,
+        resolved=resolved,
+        prep=prep,
+        device=device,
+        n_workers=n_workers,
+        engine=resolve_engine(cfg, n_workers),
+        noise=noise,
+        server=server,
+        ledger=ledger,
+        sampler=sampler,
+        task=task,
+        client_store=client_store,
+        ef=ef,
         update_clip=cfg.client.clip_norm if ef == "server" else None,
         client_evaluations=1 if task.disk is None else task.disk.evaluations,
         eval_users=eval_users,
         eval_costs=np.array([min(data.num_test(u), cfg.eval.max_examples_per_user) for u in range(pop)]),
         train_costs=np.minimum(data.examples_per_user(), cfg.client.max_examples) * cfg.client.local_epochs,
-        baseline=None if majority is None else majority[1], publish=cfg.privacy.publish_side_statistics,
-        notes=notes, synthetic=synthetic, owners=None if deployment is None else deployment.owners)
+        baseline=None if majority is None else majority[1],
+        publish=cfg.privacy.publish_side_statistics,
+        notes=notes,
+        synthetic=synthetic,
+        owners=None if deployment is None else deployment.owners,
+    )

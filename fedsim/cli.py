@@ -13,7 +13,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -29,8 +29,10 @@ app = typer.Typer(
 
 ConfigArg = Annotated[
     Path | None,
-    typer.Argument(help=f"Experiment TOML (default: {DEFAULT_EXPERIMENT.relative_to(DEFAULT_EXPERIMENT.parent.parent)}).",
-                   show_default=False),
+    typer.Argument(
+        help=f"Experiment TOML (default: {DEFAULT_EXPERIMENT.relative_to(DEFAULT_EXPERIMENT.parent.parent)}).",
+        show_default=False,
+    ),
 ]
 SetOpt = Annotated[
     list[str] | None,
@@ -50,15 +52,25 @@ def _relation(name: object) -> str:
 
 
 @app.command()
-def run(config: ConfigArg = None, set_: SetOpt = None,
-        out: Annotated[Path | None, typer.Option("--out", help="Run folder (default runs/<timestamp>-<name>).")] = None,
-        resume: Annotated[Path | None, typer.Option(
-            "--resume", help="Continue the run in this folder from its checkpoint (bit-identical).")] = None,
-        force: Annotated[list[str] | None, typer.Option(
-            "--force", help="With --resume: a key that may differ from the run's checkpoint: sim.*, "
-                            "checkpoint.*, eval.*, name, privacy.account_every, and rounds (to grow, "
-                            "Gaussian noise only). Repeatable.")] = None,
-        quiet: Annotated[bool, typer.Option("--quiet", help="No progress line.")] = False) -> None:
+def run(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Run folder (default runs/<timestamp>-<name>).")] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option("--resume", help="Continue the run in this folder from its checkpoint (bit-identical)."),
+    ] = None,
+    force: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--force",
+            help="With --resume: a key that may differ from the run's checkpoint: sim.*, "
+            "checkpoint.*, eval.*, name, privacy.account_every, and rounds (to grow, "
+            "Gaussian noise only). Repeatable.",
+        ),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress line.")] = False,
+) -> None:
     """Train an experiment in Flower's simulation engine on Ray and write its run folder.
 
     CONFIG is an experiment TOML (default: experiments/shakespeare_default.toml).
@@ -101,10 +113,13 @@ def run(config: ConfigArg = None, set_: SetOpt = None,
 
 
 @app.command()
-def privacy(config: ConfigArg = None, set_: SetOpt = None,
-            population: Annotated[int | None, typer.Option(help="Population N (what-if; skips loading data).")] = None,
-            target_epsilon: Annotated[float | None, typer.Option(help="Calibrate z for this ε instead.")] = None,
-            as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def privacy(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    population: Annotated[int | None, typer.Option(help="Population N (what-if; skips loading data).")] = None,
+    target_epsilon: Annotated[float | None, typer.Option(help="Calibrate z for this ε instead.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
     """Print ε (or, with --target-epsilon, the calibrated noise multiplier) without training.
 
     CONFIG is an experiment TOML (default: experiments/shakespeare_default.toml).
@@ -129,17 +144,21 @@ def privacy(config: ConfigArg = None, set_: SetOpt = None,
         typer.echo(json.dumps(report))
     else:
         eps = report["epsilon"]
-        typer.echo(f"{report['mechanism']} noise, {report['scheme']} sampling (q = {report['sampling_rate']:.4g}), "
-                   f"N = {population}, {report['rounds']} rounds, z = {report['noise_multiplier']:.4g}: "
-                   f"ε = {eps if isinstance(eps, str) else f'{eps:.4f}'} at δ = {report['delta']:.3g} "
-                   f"for {_relation(report['neighboring_relation'])} ({report['accountant']} accountant, "
-                   f"{report['neighboring_relation']} adjacency, K̄ = {report['cohort_size']:.4g})")
+        typer.echo(
+            f"{report['mechanism']} noise, {report['scheme']} sampling (q = {report['sampling_rate']:.4g}), "
+            f"N = {population}, {report['rounds']} rounds, z = {report['noise_multiplier']:.4g}: "
+            f"ε = {eps if isinstance(eps, str) else f'{eps:.4f}'} at δ = {report['delta']:.3g} "
+            f"for {_relation(report['neighboring_relation'])} ({report['accountant']} accountant, "
+            f"{report['neighboring_relation']} adjacency, K̄ = {report['cohort_size']:.4g})"
+        )
         split = report.get("budget_split")
         if split:
-            typer.echo(f"adaptive clipping takes a share: the update's noise multiplier is "
-                       f"z_Δ = {split['update_noise_multiplier']:.4g}, the count's noise std σ_b = "
-                       f"{split['count_stddev']:.4g} ({split['count_releases_per_user']} release(s) per user); "
-                       f"together as private as z = {split['noise_multiplier']:.4g}")
+            typer.echo(
+                f"adaptive clipping takes a share: the update's noise multiplier is "
+                f"z_Δ = {split['update_noise_multiplier']:.4g}, the count's noise std σ_b = "
+                f"{split['count_stddev']:.4g} ({split['count_releases_per_user']} release(s) per user); "
+                f"together as private as z = {split['noise_multiplier']:.4g}"
+            )
         for note in report.get("notes", []):
             typer.echo(f"note: {note}")
 
@@ -160,12 +179,18 @@ def _load_with_target(config: Path | None, overrides: list[str], target: float):
 
 
 @app.command()
-def report(run_dirs: Annotated[list[Path], typer.Argument(help="Run folders.")],
-           plot: Annotated[Path | None, typer.Option(help="Also write an accuracy comparison PNG here.")] = None,
-           ablation: Annotated[Path | None, typer.Option(
-               help="Also write an ablation PNG here: runs grouped into arms (same config but the seed), "
-                    "accuracy vs round per arm and final accuracy ± std.")] = None,
-           as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False) -> None:
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run folders.")],
+    plot: Annotated[Path | None, typer.Option(help="Also write an accuracy comparison PNG here.")] = None,
+    ablation: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write an ablation PNG here: runs grouped into arms (same config but the seed), "
+            "accuracy vs round per arm and final accuracy ± std."
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False,
+) -> None:
     """Redraw each run's plots (and the filter PSD) and print a comparison table of the runs.
 
     A run with filter.trace_coordinates also gets plots/psd.png."""
@@ -179,8 +204,11 @@ def report(run_dirs: Annotated[list[Path], typer.Argument(help="Run folders.")],
     if ablation is not None:
         plot_ablation(run_dirs, ablation)
     if as_json:
-        typer.echo(json.dumps([{k: ("inf" if isinstance(v, float) and math.isinf(v) else v)
-                                for k, v in r.items()} for r in rows]))
+        typer.echo(
+            json.dumps(
+                [{k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in r.items()} for r in rows]
+            )
+        )
     else:
         typer.echo(format_table(rows))
 
@@ -199,20 +227,49 @@ def factorize(
     max_participations: Annotated[int | None, typer.Option(help="k (epochs, min_sep).")] = None,
     objective: Annotated[str, typer.Option(help="total (loss) | max (max_error)")] = "total",
     tree_estimator: Annotated[str, typer.Option(help="tree: online | full")] = "online",
-    device: Annotated[str | None, typer.Option(help="dense/dpmf_plus: torch device of the optimiser "
-                                                  "(cuda = the GPU path); default numpy on the CPU.")] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help="dense/dpmf_plus: torch device of the optimiser (cuda = the GPU path); default numpy on the CPU."
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Write C, the noising matrix and A to this .npz.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Compute a factorization and print its sensitivity and errors (units of (c·z)²)."""
+    options = dict(
+        workload=workload,
+        momentum=momentum,
+        bands=bands,
+        buffers=buffers,
+        tau=tau,
+        objective=objective,
+        tree_estimator=tree_estimator,
+        factorize_device=device,
+    )
+    result, arrays = _factorize(mechanism, rounds, scheme, min_sep, max_participations, options)
+    if out is not None:
+        import numpy as np
+
+        np.savez(out, **arrays)
+    typer.echo(json.dumps(result) if as_json else json.dumps(result, indent=1))
+
+
+def _factorize(
+    mechanism: str,
+    rounds: int,
+    scheme: str,
+    min_sep: int | None,
+    max_participations: int | None,
+    options: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``fedsim factorize``: the checked options → (the printed result, the arrays for --out)."""
     from fedsim.resources import check_factorization_fits
 
     if rounds < 1:
         raise FedsimError("--rounds must be ≥ 1")
-    check_factorization_fits(mechanism, rounds, device)  # first: refuses in well under a second
+    check_factorization_fits(mechanism, rounds, options["factorize_device"])  # first: refuses in well under a second
     import time
-
-    import numpy as np
 
     from fedsim.privacy.accounting import MF_MECHANISMS
     from fedsim.privacy.mechanisms import factorization_quality, plan_mf, workload_matrix
@@ -220,12 +277,12 @@ def factorize(
 
     if mechanism not in MF_MECHANISMS:
         raise FedsimError(f"--mechanism {mechanism!r}: allowed are {', '.join(MF_MECHANISMS)}")
-    if workload not in ("prefix", "momentum") or objective not in ("total", "max") \
-            or tree_estimator not in ("online", "full"):
-        raise FedsimError("--workload must be prefix|momentum, --objective total|max, "
-                          "--tree-estimator online|full")
-    if rounds < 1:
-        raise FedsimError("--rounds must be ≥ 1")
+    if (
+        options["workload"] not in ("prefix", "momentum")
+        or options["objective"] not in ("total", "max")
+        or options["tree_estimator"] not in ("online", "full")
+    ):
+        raise FedsimError("--workload must be prefix|momentum, --objective total|max, --tree-estimator online|full")
     if scheme not in ("single", "epochs", "min_sep"):
         raise FedsimError(f"--scheme {scheme!r}: allowed are single, epochs, min_sep")
     b = min_sep if min_sep is not None else rounds
@@ -234,27 +291,30 @@ def factorize(
     else:
         part = make_scheme(scheme, b, 1, min_sep=b, max_participations=max_participations, rounds=rounds)
     t0 = time.perf_counter()
-    plan = plan_mf(mechanism, part, rounds, workload=workload, momentum=momentum, bands=bands,
-                   buffers=buffers, tau=tau, objective=objective, tree_estimator=tree_estimator,
-                   factorize_device=device)
+    plan = plan_mf(mechanism, part, rounds, **options)
     seconds = time.perf_counter() - t0
-    A = workload_matrix(workload, rounds, momentum)
-    q = factorization_quality(plan, A)
-    result = {"mechanism": mechanism, "rounds": rounds, "scheme": scheme,
-              "max_participations": part.max_participations or 1, "min_sep": part.min_separation,
-              "sensitivity": plan.sens, "sensitivity_exact": plan.sens_exact, **q,
-              "seconds": seconds, "iterations": plan.info.get("iterations")}
-    if out is not None:
-        np.savez(out, C=plan.C, noising=plan.noising, A=A)
-    if as_json:
-        typer.echo(json.dumps(result))
-    else:
-        typer.echo(json.dumps(result, indent=1))
+    A = workload_matrix(options["workload"], rounds, options["momentum"])
+    result = {
+        "mechanism": mechanism,
+        "rounds": rounds,
+        "scheme": scheme,
+        "max_participations": part.max_participations or 1,
+        "min_sep": part.min_separation,
+        "sensitivity": plan.sens,
+        "sensitivity_exact": plan.sens_exact,
+        **factorization_quality(plan, A),
+        "seconds": seconds,
+        "iterations": plan.info.get("iterations"),
+    }
+    return result, {"C": plan.C, "noising": plan.noising, "A": A}
 
 
-data_app = typer.Typer(no_args_is_help=False, help="Datasets: describe the config's data, inspect the "
-                                                     "Stack Overflow files (show, stats), or generate a "
-                                                     "fixture folder (synth).")
+data_app = typer.Typer(
+    no_args_is_help=False,
+    help="Datasets: describe the config's data, inspect the "
+    "Stack Overflow files (show, stats), or generate a "
+    "fixture folder (synth).",
+)
 app.add_typer(data_app, name="data")
 
 
@@ -266,8 +326,11 @@ def _data_default(ctx: typer.Context) -> None:
 
 
 @data_app.command()
-def describe(config: ConfigArg = None, set_: SetOpt = None,
-             as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def describe(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
     """Build (once) and describe the config's federated dataset: population, examples per user.
 
     CONFIG is an experiment TOML (default: experiments/shakespeare_default.toml).
@@ -281,16 +344,26 @@ def describe(config: ConfigArg = None, set_: SetOpt = None,
     d = load_federated(DataSpec.from_config(cfg.data))
     ex = d.examples_per_user()
     tests = np.array([d.num_test(u) for u in range(d.population)])
-    info = {"name": cfg.data.name, "population": d.population, "vocab_size": d.vocab_size,
-            "train_examples": int(ex.sum()), "test_examples": int(tests.sum()),
-            "train_examples_per_user": {"min": int(ex.min()), "median": float(np.median(ex)),
-                                        "mean": float(ex.mean()), "max": int(ex.max())}}
+    info = {
+        "name": cfg.data.name,
+        "population": d.population,
+        "vocab_size": d.vocab_size,
+        "train_examples": int(ex.sum()),
+        "test_examples": int(tests.sum()),
+        "train_examples_per_user": {
+            "min": int(ex.min()),
+            "median": float(np.median(ex)),
+            "mean": float(ex.mean()),
+            "max": int(ex.max()),
+        },
+    }
     typer.echo(json.dumps(info) if as_json else json.dumps(info, indent=1))
 
 
 SO_NAMES = ("stackoverflow_nwp", "stackoverflow_tag")
-RootOpt = Annotated[Path, typer.Option("--root", help="Folder with the Stack Overflow files (as downloaded "
-                                                       "or extracted).")]
+RootOpt = Annotated[
+    Path, typer.Option("--root", help="Folder with the Stack Overflow files (as downloaded or extracted).")
+]
 
 
 def _so_name(name: str) -> None:
@@ -299,17 +372,19 @@ def _so_name(name: str) -> None:
 
 
 @data_app.command()
-def show(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackoverflow_tag")],
-         root: RootOpt,
-         split: Annotated[str, typer.Option("--split", help="train | heldout | test")] = "train",
-         client: Annotated[str, typer.Option("--client", help="The client id (opaque text).")] = "",
-         vocab_size: Annotated[int, typer.Option("--vocab-size", help="NWP: V.")] = 10000,
-         seq_len: Annotated[int, typer.Option("--seq-len", help="NWP: L.")] = 20,
-         num_oov_buckets: Annotated[int, typer.Option("--num-oov-buckets", help="NWP: k.")] = 1,
-         word_vocab_size: Annotated[int, typer.Option("--word-vocab-size", help="Tags: W.")] = 10000,
-         tag_vocab_size: Annotated[int, typer.Option("--tag-vocab-size", help="Tags: T.")] = 500,
-         limit: Annotated[int | None, typer.Option("--limit", help="Only the first N examples.")] = None,
-         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def show(
+    name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackoverflow_tag")],
+    root: RootOpt,
+    split: Annotated[str, typer.Option("--split", help="train | heldout | test")] = "train",
+    client: Annotated[str, typer.Option("--client", help="The client id (opaque text).")] = "",
+    vocab_size: Annotated[int, typer.Option("--vocab-size", help="NWP: V.")] = 10000,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="NWP: L.")] = 20,
+    num_oov_buckets: Annotated[int, typer.Option("--num-oov-buckets", help="NWP: k.")] = 1,
+    word_vocab_size: Annotated[int, typer.Option("--word-vocab-size", help="Tags: W.")] = 10000,
+    tag_vocab_size: Annotated[int, typer.Option("--tag-vocab-size", help="Tags: T.")] = 500,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N examples.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
     """One client's examples in stored order.
 
     Prints the six raw fields of each example and, for next-word prediction, the token ids and
@@ -322,8 +397,10 @@ def show(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackover
         from fedsim.data.stackoverflow.files import sqlite_path
 
         first = StackOverflowDB(sqlite_path(root)).clients(split)[:5]
-        raise FedsimError(f"--client ID is required: an opaque client id of split {split!r}, e.g. "
-                          f"{', '.join(map(repr, first)) or '(the split is empty)'}")
+        raise FedsimError(
+            f"--client ID is required: an opaque client id of split {split!r}, e.g. "
+            f"{', '.join(map(repr, first)) or '(the split is empty)'}"
+        )
     from fedsim.data.stackoverflow.database import StackOverflowDB
     from fedsim.data.stackoverflow.example_proto import decode_example
     from fedsim.data.stackoverflow.files import TAG_COUNT, WORD_COUNT, count_file, sqlite_path
@@ -338,23 +415,31 @@ def show(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackover
     if name == "stackoverflow_nwp":
         spec = NWPSpec(load_word_vocab(count_file(root, WORD_COUNT), vocab_size), seq_len, num_oov_buckets)
         for r in rows:
-            tok = r["tokens"].encode("utf-8")
-            x, y = spec.xy([tok])
-            examples.append({**r, "ids": spec.ids(tok), "x": x[0].tolist(), "y": y[0].tolist()})
+            tok = str(r["tokens"]).encode("utf-8")
+            xs, ys = spec.xy([tok])
+            examples.append({**r, "ids": spec.ids(tok), "x": xs[0].tolist(), "y": ys[0].tolist()})
     else:
         words = {w: i for i, w in enumerate(load_word_vocab(count_file(root, WORD_COUNT), word_vocab_size))}
         tags = {t: j for j, t in enumerate(load_tag_vocab(count_file(root, TAG_COUNT), tag_vocab_size))}
         for r in rows:
-            x, y = tag_xy(r["tokens"].encode("utf-8"), r["title"].encode("utf-8"), r["tags"].encode("utf-8"),
-                          words, tags)
+            x, y = tag_xy(
+                str(r["tokens"]).encode("utf-8"),
+                str(r["title"]).encode("utf-8"),
+                str(r["tags"]).encode("utf-8"),
+                words,
+                tags,
+            )
             examples.append({**r, "x": x.tolist(), "y": y.tolist()})
     out = {"dataset": name, "split": split, "client_id": client, "examples": examples}
     typer.echo(json.dumps(out, ensure_ascii=False) if as_json else json.dumps(out, indent=1, ensure_ascii=False))
 
 
 @data_app.command()
-def stats(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackoverflow_tag")], root: RootOpt,
-          as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def stats(
+    name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackoverflow_tag")],
+    root: RootOpt,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
     """Clients and examples per split (from the database's client_metadata table)."""
     _so_name(name)
     from fedsim.data.stackoverflow.database import StackOverflowDB
@@ -365,12 +450,18 @@ def stats(name: Annotated[str, typer.Argument(help="stackoverflow_nwp | stackove
 
 
 @data_app.command()
-def prepare(name: Annotated[str, typer.Argument(help="stackoverflow")], root: RootOpt,
-            cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="Where compressed files are "
-                                                               "unpacked (default ROOT/.fedsim-cache).")] = None,
-            verify: Annotated[bool, typer.Option("--verify", help="Check the count archives against TFF's "
-                                                                  "published sha256.")] = False,
-            as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def prepare(
+    name: Annotated[str, typer.Argument(help="stackoverflow")],
+    root: RootOpt,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option("--cache-dir", help="Where compressed files are unpacked (default ROOT/.fedsim-cache)."),
+    ] = None,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Check the count archives against TFF's published sha256.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
     """Unpack the Stack Overflow files once and index the database.
 
     Unpacks .lzma and .tar.bz2 files, optionally verifies them, makes sure the database has its
@@ -390,22 +481,26 @@ def prepare(name: Annotated[str, typer.Argument(help="stackoverflow")], root: Ro
         if not verified:
             raise FedsimError("--verify: no .tar.bz2 count archive in --root (TFF publishes sha256 only for those)")
     db_path = sqlite_path(root, cache_dir)
-    files = {"database": str(db_path), "word_count": str(count_file(root, WORD_COUNT, cache_dir)),
-             "tag_count": str(count_file(root, TAG_COUNT, cache_dir))}
+    files = {
+        "database": str(db_path),
+        "word_count": str(count_file(root, WORD_COUNT, cache_dir)),
+        "tag_count": str(count_file(root, TAG_COUNT, cache_dir)),
+    }
     created = ensure_index(db_path)
-    out = {"files": files, "verified": verified, "index_created": created,
-           "splits": StackOverflowDB(db_path).stats()}
+    out = {"files": files, "verified": verified, "index_created": created, "splits": StackOverflowDB(db_path).stats()}
     typer.echo(json.dumps(out) if as_json else json.dumps(out, indent=1))
 
 
 @data_app.command()
-def synth(name: Annotated[str, typer.Argument(help="stackoverflow")],
-          out: Annotated[Path, typer.Option("--out", help="Empty folder to write the files into.")],
-          users: Annotated[int, typer.Option("--users", help="Train clients.")] = 60,
-          per_user: Annotated[float, typer.Option("--per-user", help="Mean train examples per client.")] = 30.0,
-          vocab: Annotated[int, typer.Option("--vocab", help="Distinct words in the text.")] = 200,
-          tags: Annotated[int, typer.Option("--tags", help="Distinct tags.")] = 20,
-          seed: Annotated[int, typer.Option("--seed", help="Generator seed.")] = 0) -> None:
+def synth(
+    name: Annotated[str, typer.Argument(help="stackoverflow")],
+    out: Annotated[Path, typer.Option("--out", help="Empty folder to write the files into.")],
+    users: Annotated[int, typer.Option("--users", help="Train clients.")] = 60,
+    per_user: Annotated[float, typer.Option("--per-user", help="Mean train examples per client.")] = 30.0,
+    vocab: Annotated[int, typer.Option("--vocab", help="Distinct words in the text.")] = 200,
+    tags: Annotated[int, typer.Option("--tags", help="Distinct tags.")] = 20,
+    seed: Annotated[int, typer.Option("--seed", help="Generator seed.")] = 0,
+) -> None:
     """Write a generated Stack Overflow folder (not real text) for trying the pipeline.
 
     The folder has TFF's file layout (SQLite database, word and tag counts); its text is random."""
@@ -421,13 +516,24 @@ def synth(name: Annotated[str, typer.Argument(help="stackoverflow")],
 
 
 @app.command()
-def audit(config: ConfigArg = None, set_: SetOpt = None,
-          out: Annotated[Path | None, typer.Option("--out", help="Run folder (default runs/<timestamp>-<name>).")] = None,
-          canaries: Annotated[int, typer.Option("--canaries", help="M, the number of canary users added to the population.")] = 1000,
-          alpha: Annotated[float, typer.Option("--alpha", help="The bootstrap interval has confidence 1 − alpha.")] = 0.05,
-          null: Annotated[str, typer.Option("--null", help="Null distribution: theoretical (N(0, 1/d), the paper's) "
-                                                            "or empirical (fitted to never-inserted directions).")] = "theoretical",
-          as_json: Annotated[bool, typer.Option("--json", help="Print the audit as JSON (no progress line).")] = False) -> None:
+def audit(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Run folder (default runs/<timestamp>-<name>).")] = None,
+    canaries: Annotated[
+        int, typer.Option("--canaries", help="M, the number of canary users added to the population.")
+    ] = 1000,
+    alpha: Annotated[float, typer.Option("--alpha", help="The bootstrap interval has confidence 1 − alpha.")] = 0.05,
+    null: Annotated[
+        str,
+        typer.Option(
+            "--null",
+            help="Null distribution: theoretical (N(0, 1/d), the paper's) "
+            "or empirical (fitted to never-inserted directions).",
+        ),
+    ] = "theoretical",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the audit as JSON (no progress line).")] = False,
+) -> None:
     """Estimate ε empirically from one training run with canary users (Andrew et al., ICLR 2024).
 
     Trains CONFIG once with M canaries added to the population. Each canary always sends a
@@ -463,18 +569,22 @@ def audit(config: ConfigArg = None, set_: SetOpt = None,
     )
 
 
-deploy_app = typer.Typer(no_args_is_help=True, help="Deployment on Flower's Deployment Engine: "
-                                                    "certificates and SuperNode keys.")
+deploy_app = typer.Typer(
+    no_args_is_help=True, help="Deployment on Flower's Deployment Engine: certificates and SuperNode keys."
+)
 app.add_typer(deploy_app, name="deploy")
 
 
 @deploy_app.command()
-def certs(out: Annotated[Path, typer.Option("--out", help="Empty folder for the files.")],
-          host: Annotated[list[str], typer.Option("--host", help="A host name or IP address clients use to reach "
-                                                               "the SuperLink (repeat).")],
-          nodes: Annotated[int, typer.Option("--nodes", help="SuperNode key pairs to create.")] = 3,
-          days: Annotated[int, typer.Option("--days", help="Validity in days.")] = 365,
-          as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def certs(
+    out: Annotated[Path, typer.Option("--out", help="Empty folder for the files.")],
+    host: Annotated[
+        list[str], typer.Option("--host", help="A host name or IP address clients use to reach the SuperLink (repeat).")
+    ],
+    nodes: Annotated[int, typer.Option("--nodes", help="SuperNode key pairs to create.")] = 3,
+    days: Annotated[int, typer.Option("--days", help="Validity in days.")] = 365,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
     """Make a CA, the SuperLink's TLS certificate and SuperNode key pairs.
 
     The certificate covers the --host names. Key pairs are node-0, node-0.pub, …; register the
@@ -511,8 +621,11 @@ def main(argv: list[str] | None = None) -> None:
         print("fedsim: aborted", file=sys.stderr)
         sys.exit(130)
     except MemoryError:
-        print("fedsim: error: out of memory; lower the sizes in the command (rounds, users, model) or use a "
-              "machine with more memory", file=sys.stderr)
+        print(
+            "fedsim: error: out of memory; lower the sizes in the command (rounds, users, model) or use a "
+            "machine with more memory",
+            file=sys.stderr,
+        )
         sys.exit(2)
     except OSError as e:  # a path the user gave: unwritable, missing, a folder, a full disk
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
@@ -527,8 +640,11 @@ def main(argv: list[str] | None = None) -> None:
         import traceback
 
         traceback.print_exc()
-        print("fedsim: internal error: this is a bug in fedsim, not in your input; please report it with the "
-              "command you ran and the traceback above", file=sys.stderr)
+        print(
+            "fedsim: internal error: this is a bug in fedsim, not in your input; please report it with the "
+            "command you ran and the traceback above",
+            file=sys.stderr,
+        )
         sys.exit(1)
 
 

@@ -31,8 +31,7 @@ class _Section(BaseModel):
 
     # strict: TOML types are exact ("10" is not an int, true is not 1); ints are accepted for floats.
     # allow_inf_nan: an infinite or NaN number is a config error naming the key, never a run.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True,
-                              allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True, allow_inf_nan=False)
 
 
 class DataConfig(_Section):
@@ -71,8 +70,9 @@ class DataConfig(_Section):
         train samples per user (32), input dimension (64), classes (10).
     """
 
-    name: Literal["shakespeare", "shakespeare_leaf", "stackoverflow_nwp", "stackoverflow_tag", "femnist",
-                  "cifar100", "synthetic"] = "shakespeare"
+    name: Literal[
+        "shakespeare", "shakespeare_leaf", "stackoverflow_nwp", "stackoverflow_tag", "femnist", "cifar100", "synthetic"
+    ] = "shakespeare"
     max_users: int | None = Field(default=None, ge=2)
     subset_seed: int = Field(default=0, ge=0)
     min_chars: int = Field(default=500, ge=100)
@@ -93,8 +93,11 @@ class DataConfig(_Section):
     @model_validator(mode="after")
     def _root_for_local_data(self) -> DataConfig:
         if self.name not in ("shakespeare", "synthetic") and not self.root:
-            what = ("the folder with the TFF Stack Overflow files" if self.name.startswith("stackoverflow")
-                    else "the local Hugging Face folder (save_to_disk output or parquet files)")
+            what = (
+                "the folder with the TFF Stack Overflow files"
+                if self.name.startswith("stackoverflow")
+                else "the local Hugging Face folder (save_to_disk output or parquet files)"
+            )
             raise ValueError(f"data.name = '{self.name}' needs data.root = {what} (see README 'Datasets')")
         return self
 
@@ -107,9 +110,18 @@ class ModelConfig(_Section):
     ``femnist_cnn`` (LEAF's CNN) or ``femnist_cnn_small``; CIFAR-100 ``cifar_resnet18_gn``
     (ResNet-18 with group norm) or ``cifar_cnn_small``; ``synthetic``: ``logreg``."""
 
-    name: Literal["shakespeare_lstm", "shakespeare_lstm_small", "so_nwp_lstm", "so_nwp_lstm_small",
-                  "so_tag_logreg", "femnist_cnn", "femnist_cnn_small", "cifar_resnet18_gn",
-                  "cifar_cnn_small", "logreg"] = "shakespeare_lstm_small"
+    name: Literal[
+        "shakespeare_lstm",
+        "shakespeare_lstm_small",
+        "so_nwp_lstm",
+        "so_nwp_lstm_small",
+        "so_tag_logreg",
+        "femnist_cnn",
+        "femnist_cnn_small",
+        "cifar_resnet18_gn",
+        "cifar_cnn_small",
+        "logreg",
+    ] = "shakespeare_lstm_small"
 
 
 class ClientConfig(_Section):
@@ -268,8 +280,9 @@ class PrivacyConfig(_Section):
         they are outside ε.
     """
 
-    mechanism: Literal["none", "gaussian", "identity", "tree", "sqrt", "dense", "dpmf_plus",
-                       "banded", "blt"] = "gaussian"
+    mechanism: Literal["none", "gaussian", "identity", "tree", "sqrt", "dense", "dpmf_plus", "banded", "blt"] = (
+        "gaussian"
+    )
     noise_multiplier: float | None = Field(default=None, ge=0, le=1e4)
     target_epsilon: float | None = Field(default=None, gt=0, le=1e3)
     delta: float | None = Field(default=None, gt=0, lt=1)
@@ -294,24 +307,30 @@ class PrivacyConfig(_Section):
     def _noise_multiplier_range(self) -> PrivacyConfig:
         z = self.noise_multiplier
         if z is not None and 0 < z < 0.1:
-            raise ValueError(f"privacy.noise_multiplier = {z:g} is below 0.1: so little noise gives no meaningful "
-                             "privacy and overflows the accountant; use privacy.mechanism = 'none' for no noise, "
-                             "or a larger z")
+            raise ValueError(
+                f"privacy.noise_multiplier = {z:g} is below 0.1: so little noise gives no meaningful "
+                "privacy and overflows the accountant; use privacy.mechanism = 'none' for no noise, "
+                "or a larger z"
+            )
         return self
 
     @model_validator(mode="after")
     def _factorize_device(self) -> PrivacyConfig:
         if self.factorize_device is not None and self.mechanism not in ("dense", "dpmf_plus"):
-            raise ValueError(f"privacy.factorize_device only applies to privacy.mechanism = 'dense' or "
-                             f"'dpmf_plus' (the others factorize in closed form or in seconds); remove it "
-                             f"for mechanism '{self.mechanism}'")
+            raise ValueError(
+                f"privacy.factorize_device only applies to privacy.mechanism = 'dense' or "
+                f"'dpmf_plus' (the others factorize in closed form or in seconds); remove it "
+                f"for mechanism '{self.mechanism}'"
+            )
         return self
 
     @model_validator(mode="after")
     def _example_unit(self) -> PrivacyConfig:
         if self.unit == "example" and self.example_noise_multiplier is None:
-            raise ValueError("privacy.unit = 'example' needs privacy.example_noise_multiplier (σ of each "
-                             "silo's DP-SGD noise), e.g. 1.0")
+            raise ValueError(
+                "privacy.unit = 'example' needs privacy.example_noise_multiplier (σ of each "
+                "silo's DP-SGD noise), e.g. 1.0"
+            )
         if self.unit == "user" and self.example_noise_multiplier is not None:
             raise ValueError("privacy.example_noise_multiplier applies only with privacy.unit = 'example'")
         return self
@@ -490,12 +509,16 @@ class Config(_Section):
         task = DATA_TASKS[self.data.name]
         if MODELS[self.model.name][0] != task:
             fits = [m for m, (t, _, _) in MODELS.items() if t == task]
-            raise ValueError(f"model.name = '{self.model.name}' does not fit data.name = '{self.data.name}'; "
-                             f"use one of {', '.join(fits)}")
+            raise ValueError(
+                f"model.name = '{self.model.name}' does not fit data.name = '{self.data.name}'; "
+                f"use one of {', '.join(fits)}"
+            )
         if self.privacy.unit == "example" and task == "nwp":
-            raise ValueError("privacy.unit = 'example' with next-word prediction is not supported (its loss "
-                             "averages over tokens, not examples, which Opacus's per-example clipping "
-                             "assumes); use privacy.unit = 'user'")
+            raise ValueError(
+                "privacy.unit = 'example' with next-word prediction is not supported (its loss "
+                "averages over tokens, not examples, which Opacus's per-example clipping "
+                "assumes); use privacy.unit = 'user'"
+            )
         return self
 
     @model_validator(mode="after")
@@ -505,14 +528,21 @@ class Config(_Section):
                 f"filter.name = '{self.filter.name}' already is a momentum (low-pass) filter: do not stack "
                 "server.optimizer = 'momentum' on it; use server.optimizer = 'sgd' (or 'adambc')"
             )
-        if (self.privacy.unit == "example" and self.filter.name == "disk"
-                and self.filter.mode in ("two_point", "lookahead")):
-            raise ValueError("privacy.unit = 'example' with DiSK's client evaluation is not supported; use "
-                             "filter.mode = 'ema' or another filter")
+        if (
+            self.privacy.unit == "example"
+            and self.filter.name == "disk"
+            and self.filter.mode in ("two_point", "lookahead")
+        ):
+            raise ValueError(
+                "privacy.unit = 'example' with DiSK's client evaluation is not supported; use "
+                "filter.mode = 'ema' or another filter"
+            )
         ef = self.client.error_feedback
         if ef != "none" and self.clipping.adaptive:
-            raise ValueError(f"client.error_feedback = '{ef}' with clipping.adaptive = true is not supported "
-                             "(both move the clip bound); turn one of them off")
+            raise ValueError(
+                f"client.error_feedback = '{ef}' with clipping.adaptive = true is not supported "
+                "(both move the clip bound); turn one of them off"
+            )
         if ef == "server" and self.privacy.mechanism not in ("gaussian", "none"):
             raise ValueError(
                 "client.error_feedback = 'server' is experimental and refused with matrix-factorization "
@@ -526,11 +556,15 @@ class Config(_Section):
                 "privacy.allow_no_guarantee = true to run it as a non-private research mode"
             )
         if ef == "server" and self.privacy.target_epsilon is not None:
-            raise ValueError("client.error_feedback = 'server' has no finite ε to calibrate for: replace "
-                             "privacy.target_epsilon with privacy.noise_multiplier")
+            raise ValueError(
+                "client.error_feedback = 'server' has no finite ε to calibrate for: replace "
+                "privacy.target_epsilon with privacy.noise_multiplier"
+            )
         if self.clipping.adaptive and self.privacy.mechanism == "none":
-            raise ValueError("clipping.adaptive = true needs a DP mechanism (its count is noised with a share "
-                             "of the budget); set privacy.mechanism or clipping.adaptive = false")
+            raise ValueError(
+                "clipping.adaptive = true needs a DP mechanism (its count is noised with a share "
+                "of the budget); set privacy.mechanism or clipping.adaptive = false"
+            )
         return self
 
     def to_toml(self) -> str:
@@ -566,7 +600,7 @@ def _format_validation_error(err: ValidationError) -> str:
         else:
             msg = e["msg"]
             if msg.startswith("Value error, "):
-                msg = msg[len("Value error, "):]
+                msg = msg[len("Value error, ") :]
             got = e.get("input")
             got_s = "" if isinstance(got, dict) else f" (got {got!r})"
             lines.append(f"{key}: {msg}{got_s}")
@@ -578,9 +612,7 @@ def _allowed_keys(dotted_parent: str) -> list[str]:
     if dotted_parent:
         for part in dotted_parent.split("."):
             field = model.model_fields.get(part)
-            if field is None or not isinstance(field.annotation, type) or not issubclass(
-                field.annotation, BaseModel
-            ):
+            if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
                 return []
             model = field.annotation
     return sorted(model.model_fields)
@@ -605,7 +637,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 #: Keys that are alternatives to each other: ``--set`` of one replaces the other from the
 #: file (unless both are set on the command line, which is then an error).
-ALTERNATIVES = {
+ALTERNATIVES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("privacy", "noise_multiplier"): ("privacy", "target_epsilon"),
     ("privacy", "target_epsilon"): ("privacy", "noise_multiplier"),
 }
@@ -649,8 +681,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     p = Path(path) if path is not None else DEFAULT_EXPERIMENT
     raw = read_config_file(p)
     if not raw and path is not None:
-        raise FedsimError(f"config file {p} is empty; give the experiment's keys, or omit CONFIG to run the "
-                          f"bundled default experiment")
+        raise FedsimError(
+            f"config file {p} is empty; give the experiment's keys, or omit CONFIG to run the "
+            f"bundled default experiment"
+        )
     return config_from_dict(apply_overrides(raw, overrides or []))
 
 

@@ -46,15 +46,22 @@ class InProcessGrid(Grid):
     #: replies are computed inside ``push_messages``: callers use :meth:`send_and_receive`.
     synchronous = True
 
-    def __init__(self, client_app: Any, num_nodes: int, node_config: list[dict[str, Any]] | None = None,
-                 stop: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        client_app: Any,
+        num_nodes: int,
+        node_config: list[dict[str, Any]] | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
         if num_nodes < 1:
             raise ValueError("num_nodes must be ≥ 1")
         self.client_app = client_app
         self.node_ids = [1001 + i for i in range(num_nodes)]
         configs = node_config or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
-        self.contexts = {n: Context(run_id=RUN_ID, node_id=n, node_config=dict(c), state=RecordDict(), run_config={})
-                         for n, c in zip(self.node_ids, configs)}
+        self.contexts = {
+            n: Context(run_id=RUN_ID, node_id=n, node_config=dict(c), state=RecordDict(), run_config={})
+            for n, c in zip(self.node_ids, configs)
+        }
         self._run: Any = None
         self._replies: dict[str, Message] = {}
         self.stop = stop
@@ -67,8 +74,9 @@ class InProcessGrid(Grid):
     def run(self) -> Any:
         return self._run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
         return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:

@@ -34,14 +34,17 @@ from fedsim.errors import FedsimError
 from fedsim.privacy.clipping import clip_vector
 
 #: Label carried by every output of a run with server-side error feedback.
-SERVER_EF_LABEL = ("NO PRIVACY GUARANTEE (ε = ∞): server-side error feedback (DiceSGD Algorithm 2) feeds the "
-                   "unclipped residuals Δ_i − clip(Δ_i, c₁) back into the releases, so one user's data can "
-                   "move them without bound. A non-private research mode "
-                   "(privacy.allow_no_guarantee = true); use client.error_feedback = 'client' for DP.")
+SERVER_EF_LABEL = (
+    "NO PRIVACY GUARANTEE (ε = ∞): server-side error feedback (DiceSGD Algorithm 2) feeds the "
+    "unclipped residuals Δ_i − clip(Δ_i, c₁) back into the releases, so one user's data can "
+    "move them without bound. A non-private research mode "
+    "(privacy.allow_no_guarantee = true); use client.error_feedback = 'client' for DP."
+)
 
 
-def client_ef_update(delta: torch.Tensor, e: torch.Tensor, c1: float,
-                     c2: float) -> tuple[torch.Tensor, torch.Tensor, float]:
+def client_ef_update(
+    delta: torch.Tensor, e: torch.Tensor, c1: float, c2: float
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """One participation of the client variant.
 
     Parameters
@@ -98,8 +101,9 @@ class ClientStateStore:
 
     def valid(self, value: Any) -> bool:
         """A float vector of length ``d`` that is finite after the cast to float32 (what is stored)."""
-        if not (isinstance(value, np.ndarray) and value.shape == (self.dim,)
-                and np.issubdtype(value.dtype, np.floating)):
+        if not (
+            isinstance(value, np.ndarray) and value.shape == (self.dim,) and np.issubdtype(value.dtype, np.floating)
+        ):
             return False
         with np.errstate(over="ignore"):
             return bool(np.all(np.isfinite(value.astype(np.float32))))

@@ -68,8 +68,9 @@ def _keyed_optimizer_class() -> type:
             for j, p in enumerate(self.params):
                 _check_processed_flag(p.summed_grad)
                 ref = p.summed_grad
-                noise = gaussians(self._key.derive("noise", self._noise_step, j), ref.numel(),
-                                  dtype=ref.dtype, device=ref.device).view_as(ref)
+                noise = gaussians(
+                    self._key.derive("noise", self._noise_step, j), ref.numel(), dtype=ref.dtype, device=ref.device
+                ).view_as(ref)
                 p.grad = (ref + noise.mul_(std)).view_as(p)
                 _mark_as_processed(p.summed_grad)
             self._noise_step += 1
@@ -116,11 +117,20 @@ def silo_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta:
     return float(acc.get_epsilon(delta=delta))
 
 
-def local_delta_example_dp(model: nn.Module, x0: torch.Tensor, samples: tuple[torch.Tensor, torch.Tensor],
-                           round_index: int, user: int, seed: int, lr: float, batch_size: int, epochs: int,
-                           dp: ExampleDP, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-                           = nn.functional.cross_entropy, key: PrivacyKey | None = None
-                           ) -> tuple[torch.Tensor, float, int]:
+def local_delta_example_dp(
+    model: nn.Module,
+    x0: torch.Tensor,
+    samples: tuple[torch.Tensor, torch.Tensor],
+    round_index: int,
+    user: int,
+    seed: int,
+    lr: float,
+    batch_size: int,
+    epochs: int,
+    dp: ExampleDP,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
+    key: PrivacyKey | None = None,
+) -> tuple[torch.Tensor, float, int]:
     """One silo's DP-SGD local training from ``x0``; returns ``(Δ, mean loss, examples seen)``.
 
     ``model`` must be built with ``dp_layers=True``; its parameters are overwritten. ``loss_fn``:
@@ -144,9 +154,13 @@ def local_delta_example_dp(model: nn.Module, x0: torch.Tensor, samples: tuple[to
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus warns about secure_mode and hooks
         gsm = GradSampleModule(model)
-        opt = _keyed_optimizer_class()(torch.optim.SGD(gsm.parameters(), lr=lr),
-                                       noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip_norm,
-                                       expected_batch_size=batch_size, key=k.derive("noise"))
+        opt = _keyed_optimizer_class()(
+            torch.optim.SGD(gsm.parameters(), lr=lr),
+            noise_multiplier=dp.noise_multiplier,
+            max_grad_norm=dp.clip_norm,
+            expected_batch_size=batch_size,
+            key=k.derive("noise"),
+        )
         loss_sum, steps, seen = 0.0, 0, 0
         try:
             for epoch in range(epochs):
@@ -205,14 +219,24 @@ class SiloLedger:
     def to_json(self, per_silo: bool = True) -> dict[str, Any]:
         """The example-level record; ``per_silo = False`` leaves out each silo's participations
         and ε (they reveal which silos were sampled: a side statistic outside the user-level ε)."""
-        out: dict[str, Any] = {"unit": "example", "accountant": "opacus.accountants.RDPAccountant",
-                               "noise_multiplier": self.dp.noise_multiplier, "clip_norm": self.dp.clip_norm,
-                               "delta": self.delta}
+        out: dict[str, Any] = {
+            "unit": "example",
+            "accountant": "opacus.accountants.RDPAccountant",
+            "noise_multiplier": self.dp.noise_multiplier,
+            "clip_norm": self.dp.clip_norm,
+            "delta": self.delta,
+        }
         if per_silo:
             out["max_silo_epsilon"] = self.max_epsilon
-            out["silos"] = {str(s): {"participations": k, "steps_per_participation": self.steps_rate[s][0],
-                                     "sample_rate": self.steps_rate[s][1], "epsilon": self.epsilons[s]}
-                            for s, k in sorted(self.participations.items())}
+            out["silos"] = {
+                str(s): {
+                    "participations": k,
+                    "steps_per_participation": self.steps_rate[s][0],
+                    "sample_rate": self.steps_rate[s][1],
+                    "epsilon": self.epsilons[s],
+                }
+                for s, k in sorted(self.participations.items())
+            }
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -223,7 +247,9 @@ class SiloLedger:
         self.epsilons = {int(k): float(v) for k, v in state["epsilons"].items()}
 
 
-def capped_samples(data: Any, user: int, round_index: int, seed: int, max_examples: int) -> tuple[torch.Tensor, torch.Tensor]:
+def capped_samples(
+    data: Any, user: int, round_index: int, seed: int, max_examples: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The silo's training set for this round: up to ``max_examples`` samples, a seeded draw."""
     g = make_generator(seed, "client", int(round_index), int(user))
     n = data.num_train(user)

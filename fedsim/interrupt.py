@@ -93,7 +93,7 @@ def descendants(pid: int | None = None) -> list[int]:
         except OSError:
             continue
         # the command name may hold spaces and parentheses: the fields after the last ')' are fixed
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 1 and fields[0] != "Z":
             children.setdefault(int(fields[1]), []).append(int(entry.name))
     out: list[int] = []
@@ -137,12 +137,13 @@ def _alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+    return stat[stat.rfind(")") + 2 :].split()[0] != "Z"
 
 
 @contextmanager
-def stop_on_signals(request: StopRequest, resume_hint: str,
-                    spare: set[int] | frozenset[int] = frozenset()) -> Iterator[StopRequest]:
+def stop_on_signals(
+    request: StopRequest, resume_hint: str, spare: set[int] | frozenset[int] = frozenset()
+) -> Iterator[StopRequest]:
     """Within the block, SIGINT and SIGTERM ask ``request`` to stop; a second one kills every
     descendant process and exits at once with ``128 + signal``, printing one line that names
     ``resume_hint`` (the command that resumes the run); processes in ``spare`` are left alone.
@@ -158,8 +159,13 @@ def stop_on_signals(request: StopRequest, resume_hint: str,
             name = signal.Signals(signum).name
             try:
                 sys.stdout.flush()
-                os.write(2, (f"fedsim: quit at once on a second {name}; the checkpoint holds the last round it "
-                             f"saved; resume with: {resume_hint}\n").encode())
+                os.write(
+                    2,
+                    (
+                        f"fedsim: quit at once on a second {name}; the checkpoint holds the last round it "
+                        f"saved; resume with: {resume_hint}\n"
+                    ).encode(),
+                )
             finally:
                 os._exit(128 + signum)
         request.request(signum)

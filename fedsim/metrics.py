@@ -9,15 +9,28 @@ from pathlib import Path
 from typing import Any, TextIO
 
 #: Per-round metrics computed from users' data outside the DP mechanism: ε does not cover them.
-SIDE_STATISTICS = ("train_loss", "cohort_size", "accepted_updates", "dropped_updates", "dropped_replies",
-                   "drop_reasons", "server_reclipped", "clipped_fraction", "train_examples", "failed_users",
-                   "nonfinite_users", "example_epsilon_max")
+SIDE_STATISTICS = (
+    "train_loss",
+    "cohort_size",
+    "accepted_updates",
+    "dropped_updates",
+    "dropped_replies",
+    "drop_reasons",
+    "server_reclipped",
+    "clipped_fraction",
+    "train_examples",
+    "failed_users",
+    "nonfinite_users",
+    "example_epsilon_max",
+)
 
 #: What every output says about them.
-SIDE_STATISTICS_NOTE = ("side statistics (realised cohort sizes, accepted/dropped counts, clipped fraction, "
-                        "train loss, evaluation on users' held-out data) are computed from users' data outside "
-                        "the DP mechanism and are not covered by ε; privacy.publish_side_statistics = false "
-                        "drops them")
+SIDE_STATISTICS_NOTE = (
+    "side statistics (realised cohort sizes, accepted/dropped counts, clipped fraction, "
+    "train loss, evaluation on users' held-out data) are computed from users' data outside "
+    "the DP mechanism and are not covered by ε; privacy.publish_side_statistics = false "
+    "drops them"
+)
 
 
 def is_side_statistic(key: str) -> bool:
@@ -70,8 +83,9 @@ class ProgressLine:
     On a terminal the line is redrawn in place; otherwise one line per round is printed.
     """
 
-    def __init__(self, total_rounds: int, stream: TextIO | None = None, enabled: bool = True,
-                 relation: str = "") -> None:
+    def __init__(
+        self, total_rounds: int, stream: TextIO | None = None, enabled: bool = True, relation: str = ""
+    ) -> None:
         self.total = total_rounds
         #: the neighbouring relation printed next to ε (e.g. ``add/remove one user``)
         self.relation = relation
@@ -88,8 +102,11 @@ class ProgressLine:
         if row.get("eval_accuracy") is not None:
             self.last_acc = row["eval_accuracy"]
         acc = None if self.last_acc is None else 100 * self.last_acc
-        stats = ("" if "train_loss" not in row else
-                 f"train loss {_fmt(row.get('train_loss'), '.4f')}  eval acc {_fmt(acc, '.2f')}%  ")
+        stats = (
+            ""
+            if "train_loss" not in row
+            else f"train loss {_fmt(row.get('train_loss'), '.4f')}  eval acc {_fmt(acc, '.2f')}%  "
+        )
         import time
 
         now = time.monotonic()
@@ -98,9 +115,11 @@ class ProgressLine:
         done = row["round"] - self._r0
         rate = done / max(now - self._t0, 1e-9)
         left = (self.total - row["round"]) / rate if rate > 0 else 0.0
-        text = (f"round {row['round']:>{len(str(self.total))}}/{self.total}  {stats}"
-                f"ε {_fmt(row.get('epsilon'), '.3f')}{f' ({self.relation})' if self.relation else ''}  "
-                f"({row.get('seconds', 0):.1f} s, {rate:.2f} rounds/s, ETA {int(left) // 60}m{int(left) % 60:02d}s)")
+        text = (
+            f"round {row['round']:>{len(str(self.total))}}/{self.total}  {stats}"
+            f"ε {_fmt(row.get('epsilon'), '.3f')}{f' ({self.relation})' if self.relation else ''}  "
+            f"({row.get('seconds', 0):.1f} s, {rate:.2f} rounds/s, ETA {int(left) // 60}m{int(left) % 60:02d}s)"
+        )
         if self.tty:
             self.stream.write("\r\033[K" + text)
             if row["round"] >= self.total:

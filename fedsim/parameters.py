@@ -3,12 +3,14 @@ work in (a vector of ``d`` float32 entries, in ``model.parameters()`` order)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 __all__ = ["load_flat_"]
 
 
-def load_flat_(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+def load_flat_(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
     """Copy the flat vector ``flat`` into ``params`` in place.
 
     (``torch.nn.utils.vector_to_parameters`` would make the parameters *views* of
@@ -21,5 +23,5 @@ def load_flat_(params: list[torch.Tensor], flat: torch.Tensor) -> None:
     with torch.no_grad():
         for p in params:
             n = p.numel()
-            p.copy_(flat[offset: offset + n].view_as(p))
+            p.copy_(flat[offset : offset + n].view_as(p))
             offset += n

@@ -43,6 +43,8 @@ CLIENT_STATE = "client_state"
 def state_key(user: int) -> str:
     """Key of user ``user``'s error state in the ``client_state`` record."""
     return f"e_{int(user)}"
+
+
 UPDATE_SUM = "update_sum"
 
 
@@ -71,7 +73,17 @@ class Task:
     def from_json(cls, s: str) -> Task:
         d = json.loads(s)
         disk = DiskClient(**d["disk"]) if d.get("disk") else None
-        return cls(DataSpec(**d["data"]), d["model"], int(d["model_seed"]), int(d["seed"]),
-                   LocalTraining(**d["local"]), int(d.get("threads", 1)), bool(d.get("use_gpu", False)), disk,
-                   str(d.get("error_feedback", "none")), float(d.get("ef_clip", 0.0)),
-                   ExampleDP(**d["example_dp"]) if d.get("example_dp") else None, bool(d.get("vectorize", False)))
+        return cls(
+            DataSpec(**d["data"]),
+            d["model"],
+            int(d["model_seed"]),
+            int(d["seed"]),
+            LocalTraining(**d["local"]),
+            int(d.get("threads", 1)),
+            bool(d.get("use_gpu", False)),
+            disk,
+            str(d.get("error_feedback", "none")),
+            float(d.get("ef_clip", 0.0)),
+            ExampleDP(**d["example_dp"]) if d.get("example_dp") else None,
+            bool(d.get("vectorize", False)),
+        )

@@ -56,7 +56,7 @@ def _epsilon(value: Any, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool):
-        raise FedsimError(f"{where}: epsilon must be a number or \"inf\", got {value!r}")
+        raise FedsimError(f'{where}: epsilon must be a number or "inf", got {value!r}')
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str):
@@ -68,7 +68,7 @@ def _epsilon(value: Any, where: str) -> float | None:
             return math.inf
         if math.isfinite(parsed):
             return parsed
-    raise FedsimError(f"{where}: epsilon must be a number or \"inf\", got {value!r}")
+    raise FedsimError(f'{where}: epsilon must be a number or "inf", got {value!r}')
 
 
 def _read_text(path: Path) -> str:
@@ -117,8 +117,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise FedsimError(
-                f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
-                "the file may be truncated or corrupted"
+                f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); the file may be truncated or corrupted"
             ) from exc
         if not isinstance(row, dict):
             raise FedsimError(f"{where}: expected a JSON object per line, got {type(row).__name__}")
@@ -153,9 +152,7 @@ def read_summary(run_dir: str | Path) -> dict[str, Any]:
     try:
         summary = json.loads(_read_text(path))
     except json.JSONDecodeError as exc:
-        raise FedsimError(
-            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
-        ) from exc
+        raise FedsimError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from exc
     if not isinstance(summary, dict):
         raise FedsimError(f"{path}: expected a JSON object, got {type(summary).__name__}")
     if "epsilon" in summary:
@@ -179,11 +176,7 @@ def _run_name(run_dir: Path, summary: dict[str, Any] | None) -> str:
 
 def _accuracy_curve(metrics: Iterable[dict[str, Any]]) -> tuple[list[int], list[float]]:
     """(rounds, eval accuracies) of the evaluated rounds, sorted by round."""
-    points = sorted(
-        (int(m["round"]), float(m["eval_accuracy"]))
-        for m in metrics
-        if m.get("eval_accuracy") is not None
-    )
+    points = sorted((int(m["round"]), float(m["eval_accuracy"])) for m in metrics if m.get("eval_accuracy") is not None)
     return [r for r, _ in points], [a for _, a in points]
 
 
@@ -392,11 +385,20 @@ def ablation_arms(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
         # A sweep that names its runs "<arm>-s<seed>" is labelled by the arm's name; otherwise by
         # the config keys that differ between arms.
         stems = {re.sub(r"[-_]s(?:eed)?\d+$", "", d.name) for d in g["runs"]}
-        label = (stems.pop() if len(stems) == 1 and not any(d.name in stems for d in g["runs"]) else
-                 ", ".join(f"{k.split('.')[-1]}={g['config'].get(k)}" for k in varying) or "all runs")
-        arms.append({"label": label, "runs": g["runs"], "finals": finals,
-                     "mean": float(np.mean(finals)) if finals else None,
-                     "std": float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0})
+        label = (
+            stems.pop()
+            if len(stems) == 1 and not any(d.name in stems for d in g["runs"])
+            else ", ".join(f"{k.split('.')[-1]}={g['config'].get(k)}" for k in varying) or "all runs"
+        )
+        arms.append(
+            {
+                "label": label,
+                "runs": g["runs"],
+                "finals": finals,
+                "mean": float(np.mean(finals)) if finals else None,
+                "std": float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0,
+            }
+        )
     return sorted(arms, key=lambda a: a["label"])
 
 
@@ -411,8 +413,13 @@ def plot_ablation(run_dirs: Sequence[str | Path], out_path: str | Path) -> Path:
             curves = [dict(zip(*_accuracy_curve(read_metrics(d)))) for d in arm["runs"]]
             rounds = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
             if rounds:
-                ax1.plot(rounds, [np.mean([c[r] for c in curves]) for r in rounds], marker="o",
-                         markersize=3, label=arm["label"])
+                ax1.plot(
+                    rounds,
+                    [np.mean([c[r] for c in curves]) for r in rounds],
+                    marker="o",
+                    markersize=3,
+                    label=arm["label"],
+                )
         ax1.set_xlabel("round")
         ax1.set_ylabel("eval accuracy (mean over seeds)")
         ax1.grid(True, alpha=0.3)

@@ -52,8 +52,9 @@ def check_factorization_fits(mechanism: str, rounds: int, device: str | None = N
     this machine (memory) or would exceed :data:`MAX_CPU_SECONDS` on the CPU."""
     need, have = factorization_memory_bytes(rounds), available_memory_bytes()
     if need > have:
-        cheaper = ("" if mechanism in ("blt", "banded") else
-                   "; BLT (privacy.mechanism = 'blt') and banded MF need the least, ")
+        cheaper = (
+            "" if mechanism in ("blt", "banded") else "; BLT (privacy.mechanism = 'blt') and banded MF need the least, "
+        )
         raise FedsimError(
             f"factorizing n = {rounds:,} rounds needs about {need / 2**30:,.1f} GiB for its {rounds:,}×{rounds:,} "
             f"matrices, more than the {have / 2**30:,.1f} GiB available here{cheaper}"

@@ -38,8 +38,10 @@ from fedsim.errors import FedsimError
 FORCE_PREFIXES = ("sim.", "checkpoint.", "eval.")
 FORCE_KEYS = ("name", "privacy.account_every")
 #: The rules, as printed in error messages and ``--help``.
-RESUME_RULES = ("--force KEY allows sim.*, checkpoint.*, eval.*, name and privacy.account_every to change, "
-                "and rounds to grow for privacy.mechanism = 'gaussian' or 'none'; nothing else may change")
+RESUME_RULES = (
+    "--force KEY allows sim.*, checkpoint.*, eval.*, name and privacy.account_every to change, "
+    "and rounds to grow for privacy.mechanism = 'gaussian' or 'none'; nothing else may change"
+)
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -66,25 +68,32 @@ def check_resume(stored: Config, requested: Config, force: list[str], source: st
     allowed by :data:`RESUME_RULES` and named in ``force``. ``source`` names where the requested
     values came from (for the message)."""
     a, b = _flat(stored.model_dump(mode="json")), _flat(requested.model_dump(mode="json"))
-    changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)
-                     and not (k == "privacy.delta" and b.get(k) is None))
+    changed = sorted(
+        k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not (k == "privacy.delta" and b.get(k) is None)
+    )
     for key in changed:
         was, now = a.get(key), b.get(key)
         if key == "rounds":
             independent = stored.privacy.mechanism in ("gaussian", "none")
             if not independent:
-                raise FedsimError(f"--resume: {source} sets rounds = {now}, but the run's matrix-factorization noise "
-                                  f"(privacy.mechanism = '{stored.privacy.mechanism}') was built for rounds = {was}; "
-                                  f"rounds cannot change for it. Start a new run")
-            if now < was:
+                raise FedsimError(
+                    f"--resume: {source} sets rounds = {now}, but the run's matrix-factorization noise "
+                    f"(privacy.mechanism = '{stored.privacy.mechanism}') was built for rounds = {was}; "
+                    f"rounds cannot change for it. Start a new run"
+                )
+            if now is not None and was is not None and now < was:
                 raise FedsimError(f"--resume: {source} lowers rounds from {was} to {now}; rounds can only grow")
         elif not forceable(key):
-            raise FedsimError(f"--resume: {key} in {source} differs from the run's checkpoint ({was!r} → {now!r}); "
-                              f"it affects privacy or training and cannot change on resume ({RESUME_RULES}). "
-                              f"Restore it, or start a new run")
+            raise FedsimError(
+                f"--resume: {key} in {source} differs from the run's checkpoint ({was!r} → {now!r}); "
+                f"it affects privacy or training and cannot change on resume ({RESUME_RULES}). "
+                f"Restore it, or start a new run"
+            )
         if key not in force:
-            raise FedsimError(f"--resume: {key} in {source} differs from the run's checkpoint ({was!r} → {now!r}); "
-                              f"pass --force {key} to allow it")
+            raise FedsimError(
+                f"--resume: {key} in {source} differs from the run's checkpoint ({was!r} → {now!r}); "
+                f"pass --force {key} to allow it"
+            )
 
 
 def load_stored_config(folder: Path) -> tuple[dict[str, Any], Config]:
@@ -93,16 +102,22 @@ def load_stored_config(folder: Path) -> tuple[dict[str, Any], Config]:
 
     ckpt_dir = folder / "checkpoint"
     if not (ckpt_dir / "checkpoint.pt").exists():
-        raise FedsimError(f"--resume {folder}: there is no checkpoint yet (no round completed); start the run again "
-                          f"with `fedsim run ... --out {folder}` after removing the folder, or choose another --out")
+        raise FedsimError(
+            f"--resume {folder}: there is no checkpoint yet (no round completed); start the run again "
+            f"with `fedsim run ... --out {folder}` after removing the folder, or choose another --out"
+        )
     ckpt = load_checkpoint(ckpt_dir)
     if "spec" not in ckpt or "config" not in ckpt:
-        raise FedsimError(f"--resume {folder}: its checkpoint predates fedsim's integrity checks (no accounting spec); "
-                          f"resume it with the fedsim version that wrote it, or start a new run")
+        raise FedsimError(
+            f"--resume {folder}: its checkpoint predates fedsim's integrity checks (no accounting spec); "
+            f"resume it with the fedsim version that wrote it, or start a new run"
+        )
     stored = config_from_dict(ckpt["config"])
     if ckpt.get("privacy_digest") != privacy_digest(stored):
-        raise FedsimError(f"--resume {folder}: the checkpoint's config does not match its own digest; the checkpoint "
-                          f"was altered. Start a new run")
+        raise FedsimError(
+            f"--resume {folder}: the checkpoint's config does not match its own digest; the checkpoint "
+            f"was altered. Start a new run"
+        )
     return ckpt, stored
 
 

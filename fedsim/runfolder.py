@@ -69,8 +69,10 @@ class RunFolderLock:
             finally:
                 os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise FedsimError(f"run folder {self.path.parent} is in use by process {holder or '(unknown)'}; "
-                                  f"wait for it to finish, or choose another --out") from None
+                raise FedsimError(
+                    f"run folder {self.path.parent} is in use by process {holder or '(unknown)'}; "
+                    f"wait for it to finish, or choose another --out"
+                ) from None
             raise FedsimError(f"run folder {self.path.parent}: cannot lock it ({e.strerror})") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -89,6 +91,7 @@ class RunFolderLock:
     def __enter__(self) -> RunFolderLock:
         return self.acquire()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.release()

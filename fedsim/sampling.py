@@ -50,8 +50,9 @@ class CohortSampler(ABC):
         neighbouring dataset with one user more or less is sampled with the same constants.
     """
 
-    def __init__(self, scheme: ParticipationScheme, seed: PrivacyKey | int,
-                 user_ids: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, scheme: ParticipationScheme, seed: PrivacyKey | int, user_ids: Sequence[str] | None = None
+    ) -> None:
         self.scheme = scheme
         self.key = PrivacyKey.of(seed)
         self._ids = user_ids
@@ -110,8 +111,9 @@ class SingleSampler(CohortSampler):
     """Each user at most once. Keyed: bucket ``PRF(tag_i) mod ⌈N/K⌉``, round ``t`` = bucket ``t``.
     Shuffle: block ``t`` of ``K`` positions of a keyed permutation."""
 
-    def __init__(self, scheme: ParticipationScheme, seed: PrivacyKey | int,
-                 user_ids: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, scheme: ParticipationScheme, seed: PrivacyKey | int, user_ids: Sequence[str] | None = None
+    ) -> None:
         super().__init__(scheme, seed, user_ids)
         self._bucket: np.ndarray | None = None
 
@@ -125,7 +127,7 @@ class SingleSampler(CohortSampler):
             raise FedsimError(f"'single' participation ran out of users at round {t}")
         if scheme.assignment == "shuffle":
             k = int(scheme.cohort_size)
-            return sorted(self._positions_permutation("single-shuffle")[t * k: (t + 1) * k].tolist())
+            return sorted(self._positions_permutation("single-shuffle")[t * k : (t + 1) * k].tolist())
         if self._bucket is None:
             self._bucket = prf_mod(self.key.derive("single"), self.tags, 0, scheme.buckets)
         return np.flatnonzero(self._bucket == t).tolist()
@@ -136,8 +138,9 @@ class GroupSampler(CohortSampler):
     shuffle: blocks of ``⌊N/b⌋`` positions of a keyed permutation. With Poisson thinning each
     member joins round ``t`` iff ``PRF'(tag_i, t) < p`` (its own coin)."""
 
-    def __init__(self, scheme: ParticipationScheme, seed: PrivacyKey | int,
-                 user_ids: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, scheme: ParticipationScheme, seed: PrivacyKey | int, user_ids: Sequence[str] | None = None
+    ) -> None:
         super().__init__(scheme, seed, user_ids)
         self._group: np.ndarray | None = None
 
@@ -174,12 +177,15 @@ class GroupSampler(CohortSampler):
         return members[coins < scheme.sampling_rate].tolist()
 
 
-def make_sampler(scheme: ParticipationScheme, seed: PrivacyKey | int,
-                 user_ids: Sequence[str] | None = None) -> CohortSampler:
+def make_sampler(
+    scheme: ParticipationScheme, seed: PrivacyKey | int, user_ids: Sequence[str] | None = None
+) -> CohortSampler:
     """The sampler that enforces ``scheme``; refuses a scheme it cannot honour."""
     samplers: list[tuple[type, type[CohortSampler]]] = [
-        (PoissonScheme, PoissonSampler), (FixedScheme, FixedSampler),
-        (SingleScheme, SingleSampler), (GroupScheme, GroupSampler),
+        (PoissonScheme, PoissonSampler),
+        (FixedScheme, FixedSampler),
+        (SingleScheme, SingleSampler),
+        (GroupScheme, GroupSampler),
     ]
     for scheme_type, sampler_type in samplers:
         if isinstance(scheme, scheme_type):

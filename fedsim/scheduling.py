@@ -10,8 +10,10 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+import numpy as np
 
-def assign_users(users: Sequence[int], costs: Sequence[float], num_workers: int) -> list[list[int]]:
+
+def assign_users(users: Sequence[int], costs: Sequence[float] | np.ndarray, num_workers: int) -> list[list[int]]:
     """Split ``users`` into ``num_workers`` lists (each sorted) balancing total cost.
 
     Parameters

@@ -42,9 +42,19 @@ class DPServer:
         with ``R_t`` the summed residuals.
     """
 
-    def __init__(self, params: torch.Tensor, noise: NoiseMechanism, optimizer: ServerOptimizer,
-                 ledger: Ledger, clip_norm: float, noise_multiplier: float, expected_cohort: float,
-                 filter: Any = None, clip_controller: Any = None, error_feedback: Any = None) -> None:
+    def __init__(
+        self,
+        params: torch.Tensor,
+        noise: NoiseMechanism,
+        optimizer: ServerOptimizer,
+        ledger: Ledger,
+        clip_norm: float,
+        noise_multiplier: float,
+        expected_cohort: float,
+        filter: Any = None,
+        clip_controller: Any = None,
+        error_feedback: Any = None,
+    ) -> None:
         self.params = params.detach().clone().to(torch.float32)
         self.noise = noise
         self.optimizer = optimizer
@@ -77,9 +87,15 @@ class DPServer:
             g.add_(self.noise.row(t).to(g.device), alpha=self.noise_std)
         return g.div_(self.expected_cohort)
 
-    def step(self, total: torch.Tensor, realized_cohort: int, centred_count: float | None = None,
-             residual_sum: torch.Tensor | None = None) -> float:
-        """Finish round ``self.round``: noise, optimizer step, ledger. Returns ε so far.
+    def step(
+        self,
+        total: torch.Tensor,
+        realized_cohort: int,
+        centred_count: float | None = None,
+        residual_sum: torch.Tensor | None = None,
+    ) -> float | None:
+        """Finish round ``self.round``: noise, optimizer step, ledger. Returns ε so far (None
+        when ``privacy.account_every`` skips this round).
 
         ``centred_count`` is ``Σ(b_i − ½)`` over the accepted users (adaptive clipping only);
         ``residual_sum`` is ``Σ(Δ_i − clip(Δ_i, c₁))`` (server error feedback only).
@@ -126,7 +142,7 @@ class DPServer:
             return
         k = int(self.trace_index.numel())
         stack = {n: (torch.stack(v).numpy() if v else np.zeros((0, k), np.float32)) for n, v in self.trace.items()}
-        np.savez(path, index=self.trace_index.cpu().numpy(), **stack)
+        np.savez(path, index=self.trace_index.cpu().numpy(), before=stack["before"], after=stack["after"])
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -161,8 +177,12 @@ class DPServer:
             self.clip_controller.load_state_dict(state["clip_controller"])
 
 
-def noise_variance_fn(noise_std: float | Callable[[int], float], expected_cohort: float,
-                      noising: np.ndarray | None, impulse: np.ndarray | None) -> Callable[[int], float]:
+def noise_variance_fn(
+    noise_std: float | Callable[[int], float],
+    expected_cohort: float,
+    noising: np.ndarray | None,
+    impulse: np.ndarray | None,
+) -> Callable[[int], float]:
     """``Φ_t``: the exact per-coordinate variance of the DP noise inside the (filtered)
     update of round ``t`` (docs/algorithms.md §7), for DP-AdamBC.
 
@@ -182,7 +202,7 @@ def noise_variance_fn(noise_std: float | Callable[[int], float], expected_cohort
     impulse : the filter's ``H`` (``n × n`` lower-triangular), or None for no filter.
     """
     std_of = noise_std if callable(noise_std) else None
-    scale = 1.0 / expected_cohort ** 2 if std_of else (float(noise_std) / expected_cohort) ** 2  # type: ignore[arg-type]
+    scale = 1.0 / expected_cohort**2 if std_of else (float(noise_std) / expected_cohort) ** 2  # type: ignore[arg-type]
     cache: dict[int, float] = {}
 
     def phi(t: int) -> float:

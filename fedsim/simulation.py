@@ -113,9 +113,15 @@ def _truncate_lines(path: Path, keep: int) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in lines[:keep]]
 
 
-def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: bool = True,
-                   client_app: Any = None, resume: bool = False, synthetic: Any = None,
-                   deployment: Any = None) -> dict[str, Any]:
+def run_experiment(
+    cfg: Config,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    client_app: Any = None,
+    resume: bool = False,
+    synthetic: Any = None,
+    deployment: Any = None,
+) -> dict[str, Any]:
     """Run ``cfg`` in Flower's simulation engine on Ray and write the run folder.
 
     Parameters
@@ -155,8 +161,16 @@ def run_experiment(cfg: Config, out_dir: str | Path | None = None, progress: boo
         return _run_locked(cfg, out, t_start, progress, client_app, resume, synthetic, deployment)
 
 
-def _run_locked(cfg: Config, out: Path, t_start: float, progress: bool, client_app: Any, resume: bool,
-                synthetic: Any, deployment: Any) -> dict[str, Any]:
+def _run_locked(
+    cfg: Config,
+    out: Path,
+    t_start: float,
+    progress: bool,
+    client_app: Any,
+    resume: bool,
+    synthetic: Any,
+    deployment: Any,
+) -> dict[str, Any]:
     """:func:`run_experiment` once the run folder ``out`` is checked and locked."""
     ckpt: dict[str, Any] = {}
     resumed_spec = None
@@ -185,13 +199,19 @@ def _run_locked(cfg: Config, out: Path, t_start: float, progress: bool, client_a
         if rec.saved != run.server.round:  # the state after the last completed round
             rec.save(run.server.round)
         abandoned = strategy.abandoned_round
-        raise RunInterrupted(stop.signum or 2, (
-            f"stopped by {stop.signal_name} after round {run.server.round} of {cfg.rounds}"
-            + (f" (round {abandoned} abandoned before its noise was drawn)" if abandoned else "")
-            + f"; resume with: fedsim run --resume {out}"))
+        raise RunInterrupted(
+            stop.signum or 2,
+            (
+                f"stopped by {stop.signal_name} after round {run.server.round} of {cfg.rounds}"
+                + (f" (round {abandoned} abandoned before its noise was drawn)" if abandoned else "")
+                + f"; resume with: fedsim run --resume {out}"
+            ),
+        )
     if run.server.round != cfg.rounds:
-        raise RuntimeError(f"simulation stopped after {run.server.round} of {cfg.rounds} rounds; "
-                           f"the checkpoint in {out / 'checkpoint'} holds the last completed round")
+        raise RuntimeError(
+            f"simulation stopped after {run.server.round} of {cfg.rounds} rounds; "
+            f"the checkpoint in {out / 'checkpoint'} holds the last completed round"
+        )
     rec.write_ledger()
     run.server.write_trace(out / "filter_trace.npz")
     summary = make_summary(run, rec, time.perf_counter() - t_start, deployment is not None)
@@ -204,8 +224,11 @@ def _run_locked(cfg: Config, out: Path, t_start: float, progress: bool, client_a
 
 def _eval_metrics(row: dict[str, Any]) -> dict[str, float]:
     """The evaluation metrics of a metrics row (without the counts)."""
-    return {k: row[k] for k in sorted(row)
-            if k.startswith("eval_") and k not in ("eval_examples", "eval_failed_users") and row[k] is not None}
+    return {
+        k: row[k]
+        for k in sorted(row)
+        if k.startswith("eval_") and k not in ("eval_examples", "eval_failed_users") and row[k] is not None
+    }
 
 
 class RunRecorder:
@@ -225,8 +248,9 @@ class RunRecorder:
         self.saved: int | None = None
         self._truncate_to: int | None = None
         self.writer: MetricsWriter | None = None  # opened by :meth:`open`, after a resume's truncation
-        self.line = ProgressLine(run.cfg.rounds, enabled=progress,
-                                 relation=RELATION_LABELS[run.spec.neighboring_relation])
+        self.line = ProgressLine(
+            run.cfg.rounds, enabled=progress, relation=RELATION_LABELS[run.spec.neighboring_relation]
+        )
         self._flwr_level = logging.getLogger("flwr").level
 
     def restore(self, ckpt: dict[str, Any]) -> None:
@@ -262,16 +286,19 @@ class RunRecorder:
     def save(self, r: int) -> None:
         """Checkpoint the state after round ``r`` and write the ledger."""
         run = self.run
-        save_checkpoint(self.out / "checkpoint", {
-            "format": "fedsim.checkpoint/2",
-            "spec": run.spec.to_dict(),
-            "privacy_digest": privacy_digest(run.resolved),
-            "server": run.server.state_dict(),
-            "sampler": run.sampler.state_dict(),
-            "client_state": None if run.client_store is None else run.client_store.state_dict(),
-            "metrics_rows": r,
-            "config": run.resolved.model_dump(mode="json"),
-        })
+        save_checkpoint(
+            self.out / "checkpoint",
+            {
+                "format": "fedsim.checkpoint/2",
+                "spec": run.spec.to_dict(),
+                "privacy_digest": privacy_digest(run.resolved),
+                "server": run.server.state_dict(),
+                "sampler": run.sampler.state_dict(),
+                "client_state": None if run.client_store is None else run.client_store.state_dict(),
+                "metrics_rows": r,
+                "config": run.resolved.model_dump(mode="json"),
+            },
+        )
         self.saved = r
         self.write_ledger()
 
@@ -289,9 +316,11 @@ class RunRecorder:
         """The first stop signal arrived (:mod:`fedsim.interrupt`)."""
         # workers that got the same signal die mid-round: Flower's logs of that are expected now
         logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
-        self.line.notice(f"fedsim: {name}: abandoning the round in flight (no noise is drawn for it), writing the "
-                         f"checkpoint and stopping the workers; {'press Ctrl-C' if name == 'SIGINT' else 'signal'} "
-                         f"again to quit at once")
+        self.line.notice(
+            f"fedsim: {name}: abandoning the round in flight (no noise is drawn for it), writing the "
+            f"checkpoint and stopping the workers; {'press Ctrl-C' if name == 'SIGINT' else 'signal'} "
+            f"again to quit at once"
+        )
 
     def close(self) -> None:
         if self.writer is not None:
@@ -305,26 +334,47 @@ def make_strategy(run: Run, on_round_end: Any, stop: StopRequest) -> Any:
 
     cfg = run.cfg
     return UserLevelDPStrategy(
-        server=run.server, sampler=run.sampler, task_json=run.task.to_json(), train_costs=run.train_costs,
-        rounds=cfg.rounds, eval_users=run.eval_users, eval_costs=run.eval_costs, eval_every=cfg.eval.every,
-        eval_max_examples=cfg.eval.max_examples_per_user, round_timeout=cfg.sim.round_timeout,
-        min_nodes=run.n_workers, min_valid_replies=cfg.sim.min_valid_replies, on_round_end=on_round_end,
-        synthetic=run.synthetic, stop=stop.event, client_evaluations=run.client_evaluations,
-        ef_mode=run.ef, client_store=run.client_store, update_clip=run.update_clip, owners=run.owners)
+        server=run.server,
+        sampler=run.sampler,
+        task_json=run.task.to_json(),
+        train_costs=run.train_costs,
+        rounds=cfg.rounds,
+        eval_users=run.eval_users,
+        eval_costs=run.eval_costs,
+        eval_every=cfg.eval.every,
+        eval_max_examples=cfg.eval.max_examples_per_user,
+        round_timeout=cfg.sim.round_timeout,
+        min_nodes=run.n_workers,
+        min_valid_replies=cfg.sim.min_valid_replies,
+        on_round_end=on_round_end,
+        synthetic=run.synthetic,
+        stop=stop.event,
+        client_evaluations=run.client_evaluations,
+        ef_mode=run.ef,
+        client_store=run.client_store,
+        update_clip=run.update_clip,
+        owners=run.owners,
+    )
 
 
 def _print_header(run: Run, out: Path, deployed: bool) -> None:
     cfg, spec, prep = run.cfg, run.spec, run.prep
     workers = "SuperNodes" if deployed else "Ray workers" if run.engine == "ray" else "in-process workers"
-    print(f"fedsim: {cfg.name}: {run.data.population} users, {prep.num_params:,} parameters, {cfg.rounds} rounds, "
-          f"{spec.mechanism} noise z = {spec.noise_multiplier:.4g}, δ = {spec.delta:.3g}, ε for "
-          f"{RELATION_LABELS[spec.neighboring_relation]} ({spec.scheme} sampling, K̄ = {spec.cohort_size:.4g}), "
-          f"{run.n_workers} {workers} → {out}", flush=True)
+    print(
+        f"fedsim: {cfg.name}: {run.data.population} users, {prep.num_params:,} parameters, {cfg.rounds} rounds, "
+        f"{spec.mechanism} noise z = {spec.noise_multiplier:.4g}, δ = {spec.delta:.3g}, ε for "
+        f"{RELATION_LABELS[spec.neighboring_relation]} ({spec.scheme} sampling, K̄ = {spec.cohort_size:.4g}), "
+        f"{run.n_workers} {workers} → {out}",
+        flush=True,
+    )
     for note in run.notes:
         print(f"fedsim: {note}", flush=True)
-    print(f"fedsim: note: {SIDE_STATISTICS_NOTE}" if run.publish else
-          "fedsim: side statistics are not published (privacy.publish_side_statistics = false); "
-          "no evaluation runs", flush=True)
+    print(
+        f"fedsim: note: {SIDE_STATISTICS_NOTE}"
+        if run.publish
+        else "fedsim: side statistics are not published (privacy.publish_side_statistics = false); no evaluation runs",
+        flush=True,
+    )
 
 
 def _ray_backend_config(run: Run) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -340,12 +390,10 @@ def _ray_backend_config(run: Run) -> tuple[dict[str, Any], dict[str, Any]]:
     }
     if cfg.sim.ray_address:  # join a running cluster: its resources, not ours
         init_args = {"address": cfg.sim.ray_address, "logging_level": logging.ERROR, "log_to_driver": True}
-    return init_args, {"client_resources": {"num_cpus": cfg.sim.client_cpus, "num_gpus": gpus},
-                       "init_args": init_args}
+    return init_args, {"client_resources": {"num_cpus": cfg.sim.client_cpus, "num_gpus": gpus}, "init_args": init_args}
 
 
-def _execute(run: Run, strategy: Any, client_app: Any, deployment: Any, stop: StopRequest,
-             resume_hint: str) -> None:
+def _execute(run: Run, strategy: Any, client_app: Any, deployment: Any, stop: StopRequest, resume_hint: str) -> None:
     """Run the strategy's rounds on the engine, with the stop signals handled
     (:mod:`fedsim.interrupt`); on a stop, every process this run started is gone on return."""
     if client_app is None:
@@ -369,8 +417,12 @@ def _execute(run: Run, strategy: Any, client_app: Any, deployment: Any, stop: St
 
                 from strategies.server_app import make_server_app
 
-                run_simulation(server_app=make_server_app(strategy), client_app=client_app,
-                               num_supernodes=run.n_workers, backend_config=backend_config)
+                run_simulation(
+                    server_app=make_server_app(strategy),
+                    client_app=client_app,
+                    num_supernodes=run.n_workers,
+                    backend_config=backend_config,
+                )
     finally:
         if ray_engine:
             _stop_ray()
@@ -408,8 +460,12 @@ def make_summary(run: Run, rec: RunRecorder, wall_seconds: float, deployed: bool
         "cohort_size": spec.cohort_size,
         "rounds_completed": server.round,
         "population": spec.population,
-        "examples_per_user": {"mean": float(ex.mean()), "median": float(np.median(ex)),
-                              "min": int(ex.min()), "max": int(ex.max())},
+        "examples_per_user": {
+            "mean": float(ex.mean()),
+            "median": float(np.median(ex)),
+            "min": int(ex.min()),
+            "max": int(ex.max()),
+        },
         "num_parameters": prep.num_params,
         "model_sha256": model_sha256(server.params),
         "wall_seconds": wall_seconds,
@@ -417,13 +473,22 @@ def make_summary(run: Run, rec: RunRecorder, wall_seconds: float, deployed: bool
         "engine": "deployment" if deployed else run.engine,
         "vectorized": run.task.vectorize,
         "device": str(run.device),
-        "guarantee": "none: epsilon = inf" if spec.no_guarantee else (
-            "none: no noise" if spec.mechanism == "none" else "user-level (ε, δ)-DP of every released model"),
-        "side_statistics": {"published": run.publish, "covered_by_epsilon": False,
-                            "note": SIDE_STATISTICS_NOTE if run.publish else "not published"},
+        "guarantee": "none: epsilon = inf"
+        if spec.no_guarantee
+        else ("none: no noise" if spec.mechanism == "none" else "user-level (ε, δ)-DP of every released model"),
+        "side_statistics": {
+            "published": run.publish,
+            "covered_by_epsilon": False,
+            "note": SIDE_STATISTICS_NOTE if run.publish else "not published",
+        },
     }
     if not run.publish:  # computed from users' data outside the DP mechanism
-        for key in ("final_eval_accuracy", "final_eval_metrics", "majority_baseline_accuracy",
-                    "example_epsilon_max", "examples_per_user"):
+        for key in (
+            "final_eval_accuracy",
+            "final_eval_metrics",
+            "majority_baseline_accuracy",
+            "example_epsilon_max",
+            "examples_per_user",
+        ):
             summary[key] = None
     return summary

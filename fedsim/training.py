@@ -89,8 +89,9 @@ def isolated_clip(delta: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, 
     return out, norm, True
 
 
-def local_delta(model: nn.Module, x0: torch.Tensor, data: FederatedData, user: int,
-                round_index: int, seed: int, spec: LocalTraining) -> tuple[torch.Tensor, float, int]:
+def local_delta(
+    model: nn.Module, x0: torch.Tensor, data: FederatedData, user: int, round_index: int, seed: int, spec: LocalTraining
+) -> tuple[torch.Tensor, float, int]:
     """Local SGD for ``user`` from the flat parameters ``x0``; return ``(Δ, mean loss, samples)``
     with ``Δ = x_local − x0`` (unclipped, on the model's device).
 
@@ -110,7 +111,7 @@ def local_delta(model: nn.Module, x0: torch.Tensor, data: FederatedData, user: i
     for _ in range(spec.epochs):
         perm = torch.randperm(n, generator=g)[: spec.max_examples].numpy()
         for s in range(0, len(perm), spec.batch_size):
-            xb, yb = data.train_samples(user, np.sort(perm[s: s + spec.batch_size]))
+            xb, yb = data.train_samples(user, np.sort(perm[s : s + spec.batch_size]))
             xb, yb = xb.to(dev), yb.to(dev)
             for p in params:
                 p.grad = None
@@ -149,8 +150,9 @@ class DiskClient:
         """Local-training passes per user: 2 for ``two_point``, 1 for ``lookahead``."""
         return 2 if self.mode == "two_point" else 1
 
-    def update(self, delta_at: Callable[[torch.Tensor], torch.Tensor], x_t: torch.Tensor,
-               d_prev: torch.Tensor) -> torch.Tensor:
+    def update(
+        self, delta_at: Callable[[torch.Tensor], torch.Tensor], x_t: torch.Tensor, d_prev: torch.Tensor
+    ) -> torch.Tensor:
         """The unclipped DiSK update ``v = a·Δ(y_t) + (1−a)·Δ(x_t)``.
 
         ``delta_at(x)`` runs the user's local training from ``x`` and returns its delta; it
@@ -164,9 +166,18 @@ class DiskClient:
         return d_y.mul_(self.a).add_(d_x, alpha=1.0 - self.a)
 
 
-def user_delta(model: nn.Module, x0: torch.Tensor, data: FederatedData, user: int,
-               round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
-               d_prev: torch.Tensor | None = None, example_dp: Any = None) -> tuple[torch.Tensor, float, int]:
+def user_delta(
+    model: nn.Module,
+    x0: torch.Tensor,
+    data: FederatedData,
+    user: int,
+    round_index: int,
+    seed: int,
+    spec: LocalTraining,
+    disk: DiskClient | None = None,
+    d_prev: torch.Tensor | None = None,
+    example_dp: Any = None,
+) -> tuple[torch.Tensor, float, int]:
     """The user's unclipped update from ``x0``: ``(Δ, loss, samples)``.
 
     With ``disk`` (and the previous server step ``d_prev``), ``Δ`` is DiSK's mixed update
@@ -179,8 +190,19 @@ def user_delta(model: nn.Module, x0: torch.Tensor, data: FederatedData, user: in
         from fedsim.example_dp import capped_samples, local_delta_example_dp
 
         samples = capped_samples(data, user, round_index, seed, spec.max_examples)
-        return local_delta_example_dp(model, x0, samples, round_index, user, seed, spec.lr,
-                                      spec.batch_size, spec.epochs, example_dp, loss_fn=data.loss)
+        return local_delta_example_dp(
+            model,
+            x0,
+            samples,
+            round_index,
+            user,
+            seed,
+            spec.lr,
+            spec.batch_size,
+            spec.epochs,
+            example_dp,
+            loss_fn=data.loss,
+        )
     if disk is None:
         return local_delta(model, x0, data, user, round_index, seed, spec)
     if d_prev is None:
@@ -196,9 +218,18 @@ def user_delta(model: nn.Module, x0: torch.Tensor, data: FederatedData, user: in
     return delta, stats[-1][0], stats[-1][1]
 
 
-def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedData, user: int,
-                   round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
-                   d_prev: torch.Tensor | None = None, example_dp: Any = None) -> tuple[torch.Tensor, UserResult]:
+def train_one_user(
+    model: nn.Module,
+    x0: torch.Tensor,
+    data: FederatedData,
+    user: int,
+    round_index: int,
+    seed: int,
+    spec: LocalTraining,
+    disk: DiskClient | None = None,
+    d_prev: torch.Tensor | None = None,
+    example_dp: Any = None,
+) -> tuple[torch.Tensor, UserResult]:
     """Train ``user`` from the flat parameters ``x0``; return ``(clip(Δ, c), result)``
     (``Δ`` from :func:`user_delta`, clipped after any DiSK mixing).
     Training runs on the model's device; the returned update is on the CPU.
@@ -213,9 +244,18 @@ def train_one_user(model: nn.Module, x0: torch.Tensor, data: FederatedData, user
     return clipped, UserResult(user, loss, seen, norm, norm > spec.clip_norm)
 
 
-def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedData, users: list[int],
-                round_index: int, seed: int, spec: LocalTraining, disk: DiskClient | None = None,
-                d_prev: torch.Tensor | None = None, example_dp: Any = None) -> tuple[torch.Tensor, list[UserResult]]:
+def train_users(
+    model: nn.Module,
+    x0: torch.Tensor,
+    data: FederatedData,
+    users: list[int],
+    round_index: int,
+    seed: int,
+    spec: LocalTraining,
+    disk: DiskClient | None = None,
+    d_prev: torch.Tensor | None = None,
+    example_dp: Any = None,
+) -> tuple[torch.Tensor, list[UserResult]]:
     """Train each user from ``x0``; return the running sum of their clipped deltas and their results.
     ``disk``/``d_prev``: DiSK's client evaluation; ``example_dp``: Opacus DP-SGD in each silo
     (:func:`user_delta`)."""
@@ -228,11 +268,21 @@ def train_users(model: nn.Module, x0: torch.Tensor, data: FederatedData, users: 
     return total, results
 
 
-def train_users_ef(model: nn.Module, x0: torch.Tensor, data: FederatedData, users: list[int],
-                   round_index: int, seed: int, spec: LocalTraining, mode: str, ef_clip: float,
-                   states: dict[int, torch.Tensor] | None = None, disk: DiskClient | None = None,
-                   d_prev: torch.Tensor | None = None, example_dp: Any = None
-                   ) -> tuple[torch.Tensor, list[UserResult], dict[int, torch.Tensor] | torch.Tensor]:
+def train_users_ef(
+    model: nn.Module,
+    x0: torch.Tensor,
+    data: FederatedData,
+    users: list[int],
+    round_index: int,
+    seed: int,
+    spec: LocalTraining,
+    mode: str,
+    ef_clip: float,
+    states: dict[int, torch.Tensor] | None = None,
+    disk: DiskClient | None = None,
+    d_prev: torch.Tensor | None = None,
+    example_dp: Any = None,
+) -> tuple[torch.Tensor, list[UserResult], dict[int, torch.Tensor] | torch.Tensor]:
     """Train users with clipping error feedback (:mod:`fedsim.error_feedback`).
 
     Parameters
@@ -259,6 +309,7 @@ def train_users_ef(model: nn.Module, x0: torch.Tensor, data: FederatedData, user
             delta, loss, seen = user_delta(model, x0, data, u, round_index, seed, spec, disk, d_prev, example_dp)
             delta = delta.detach().to("cpu", torch.float32)
             if mode == "client":
+                assert states is not None
                 upd, new_state, norm = client_ef_update(delta, states[u], spec.clip_norm, ef_clip)
                 residual = None
             else:
@@ -272,17 +323,20 @@ def train_users_ef(model: nn.Module, x0: torch.Tensor, data: FederatedData, user
             results.append(UserResult(u, math.nan, seen, math.inf, False, nonfinite=True))
             continue
         total.add_(upd)
-        if mode == "client":
-            extra[u] = new_state  # type: ignore[index]
+        if isinstance(extra, dict):  # client mode
+            assert new_state is not None
+            extra[u] = new_state
         else:
-            extra.add_(residual)  # type: ignore[union-attr]
+            assert residual is not None
+            extra.add_(residual)
         results.append(UserResult(u, loss, seen, norm, norm > spec.clip_norm))
     return total, results, extra
 
 
 @torch.no_grad()
-def evaluate_users(model: nn.Module, x: torch.Tensor, data: FederatedData, users: list[int],
-                   max_examples: int | None) -> dict[str, float]:
+def evaluate_users(
+    model: nn.Module, x: torch.Tensor, data: FederatedData, users: list[int], max_examples: int | None
+) -> dict[str, float]:
     """Evaluation sums over ``users``' test samples (:meth:`eval_sums` of the dataset, summed):
     ``loss_sum``/``loss_count``, ``correct``/``count`` (the headline accuracy), ``examples`` and
     any dataset-specific ``<name>_correct``/``<name>_count`` pairs. A user whose evaluation raises
@@ -299,7 +353,7 @@ def evaluate_users(model: nn.Module, x: torch.Tensor, data: FederatedData, users
             xb, yb = data.test_samples(u, max_examples)
             xb, yb = xb.to(dev), yb.to(dev)
             for s in range(0, len(yb), 256):
-                for k, v in data.eval_sums(model(xb[s: s + 256]), yb[s: s + 256]).items():
+                for k, v in data.eval_sums(model(xb[s : s + 256]), yb[s : s + 256]).items():
                     mine[k] = mine.get(k, 0.0) + v
         except Exception:
             mine = {"": math.nan}

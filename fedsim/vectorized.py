@@ -36,8 +36,10 @@ CHUNK = 64
 def vectorizable(model: nn.Module) -> bool:
     """Whether ``model`` can be trained under ``vmap`` (no recurrent layers) and is small
     enough for it to pay off (at most :data:`MAX_PARAMS` parameters)."""
-    if any(isinstance(m, nn.RNNBase) or type(m).__name__.startswith("DPLSTM") or type(m).__name__ == "DPRNNBase"
-           for m in model.modules()):
+    if any(
+        isinstance(m, nn.RNNBase) or type(m).__name__.startswith("DPLSTM") or type(m).__name__ == "DPRNNBase"
+        for m in model.modules()
+    ):
         return False
     return sum(p.numel() for p in model.parameters()) <= MAX_PARAMS
 
@@ -61,12 +63,15 @@ def _make_step(model: nn.Module, buffers: dict[str, torch.Tensor], data: Any) ->
         def forward(p: Any, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
             return batched_loss(outputs(p, xb), yb)
     else:
+
         def loss_of(p: Any, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
             return data.loss(functional_call(model, (p, buffers), (xb,)), yb)
 
         forward = vmap(loss_of)
 
-    def step(p: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def step(
+        p: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         # Per-user gradients from one backward pass of Σ_u loss_u: user u's loss depends only on
         # its own slice of the stacked parameters, so ∂(Σ loss)/∂p[u] = ∂loss_u/∂p[u]. (The same
         # numbers as vmap(grad(loss)); plain autograd avoids torch.func.grad's one-off import of
@@ -86,8 +91,7 @@ class _VectorizedPass:
     :class:`~fedsim.training.UserResult`); a user whose data fails contributes zero (isolation).
     """
 
-    def __init__(self, model: nn.Module, x0: torch.Tensor, data: Any, round_index: int, seed: int,
-                 spec: Any) -> None:
+    def __init__(self, model: nn.Module, x0: torch.Tensor, data: Any, round_index: int, seed: int, spec: Any) -> None:
         params = dict(model.named_parameters())
         self.names = list(params)
         shapes = [params[n].shape for n in self.names]
@@ -140,7 +144,7 @@ class _VectorizedPass:
         for e in range(spec.epochs):
             perms = np.stack([self.plans[u][e] for u in chunk])  # same length for a group
             for s in range(0, perms.shape[1], spec.batch_size):
-                idx = torch.from_numpy(np.sort(perms[:, s: s + spec.batch_size], axis=1)).to(dev)
+                idx = torch.from_numpy(np.sort(perms[:, s : s + spec.batch_size], axis=1)).to(dev)
                 g, lo = self.step(p, xs[rows, idx], ys[rows, idx])
                 with torch.no_grad():
                     for k in p:
@@ -164,8 +168,11 @@ class _VectorizedPass:
         clip = self.spec.clip_norm
         for i, u in enumerate(chunk):
             self.clipped_of[u], norm, finite = isolated_clip(flat[i], clip)
-            self.results[u] = (UserResult(u, float(loss_sum[i]) / max(steps, 1), seen, norm, norm > clip)
-                               if finite else UserResult(u, float("nan"), seen, float("inf"), False, nonfinite=True))
+            self.results[u] = (
+                UserResult(u, float(loss_sum[i]) / max(steps, 1), seen, norm, norm > clip)
+                if finite
+                else UserResult(u, float("nan"), seen, float("inf"), False, nonfinite=True)
+            )
 
     def train_sequentially(self, chunk: list[int]) -> None:
         """A chunk whose batched pass raised: its users one by one, each isolated."""
@@ -173,11 +180,13 @@ class _VectorizedPass:
 
         for u in chunk:
             self.clipped_of[u], self.results[u] = train_one_user(
-                self.model, self.x0, self.data, u, self.round_index, self.seed, self.spec)
+                self.model, self.x0, self.data, u, self.round_index, self.seed, self.spec
+            )
 
 
-def train_users_vectorized(model: nn.Module, x0: torch.Tensor, data: Any, users: list[int], round_index: int,
-                           seed: int, spec: Any) -> tuple[torch.Tensor, list[Any]]:
+def train_users_vectorized(
+    model: nn.Module, x0: torch.Tensor, data: Any, users: list[int], round_index: int, seed: int, spec: Any
+) -> tuple[torch.Tensor, list[Any]]:
     """Like :func:`fedsim.training.train_users` (sum of clipped deltas, per-user results), with
     users trained in groups under ``vmap``. ``spec`` is a :class:`~fedsim.training.LocalTraining`."""
     run = _VectorizedPass(model, x0, data, round_index, seed, spec)
@@ -185,7 +194,7 @@ def train_users_vectorized(model: nn.Module, x0: torch.Tensor, data: Any, users:
     for n in sorted(groups):
         members = groups[n]
         for c in range(0, len(members), CHUNK):
-            chunk = members[c: c + CHUNK]
+            chunk = members[c : c + CHUNK]
             try:
                 run.train_chunk(chunk, n)
             except Exception:
@@ -194,4 +203,3 @@ def train_users_vectorized(model: nn.Module, x0: torch.Tensor, data: Any, users:
     for u in users:  # the sequential path's summation order
         total.add_(run.clipped_of[u])
     return total, [run.results[u] for u in users]
-

@@ -23,7 +23,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedsim import protocol
+from fedsim import protocol, records
 from fedsim.aggregation import UpdateAggregator
 from fedsim.errors import FedsimError
 from fedsim.sampling import CohortSampler
@@ -60,8 +60,9 @@ class Screened:
     drops: list[tuple[str, int]] = field(default_factory=list)
 
 
-def screen_replies(replies: Iterable[Message], assigned: dict[int, list[int]], sent: dict[int, list[int]],
-                   server_round: int) -> Screened:
+def screen_replies(
+    replies: Iterable[Message], assigned: dict[int, list[int]], sent: dict[int, list[int]], server_round: int
+) -> Screened:
     """Node-level checks of one round's replies, a pure function of its arguments.
 
     A reply is dropped when its node was sent nothing this round (``unexpected_users``, 0 users),
@@ -88,8 +89,8 @@ def screen_replies(replies: Iterable[Message], assigned: dict[int, list[int]], s
             out.drops.append(("stale", len(users)))  # a reply to another round's message
             continue
         metrics = msg.content.metric_records.get(protocol.METRICS)
-        reported = list(metrics.get("user_ids", [])) if metrics is not None else None
-        if reported is None or [int(u) for u in reported] != sent[node]:
+        reported = records.int_list(metrics.get("user_ids", [])) if metrics is not None else None
+        if reported is None or reported != sent[node]:
             out.drops.append(("unexpected_users", len(users)))
             continue
         out.valid.append((users, UserLevelDPStrategy._extract_update(msg), metrics, msg))
@@ -161,14 +162,30 @@ class UserLevelDPStrategy(Strategy):
         (:func:`census`); default None (simulation: any worker trains any user).
     """
 
-    def __init__(self, *, server: DPServer, sampler: CohortSampler, task_json: str,
-                 train_costs: np.ndarray, rounds: int, eval_users: list[int], eval_costs: np.ndarray,
-                 eval_every: int, eval_max_examples: int, round_timeout: float, min_nodes: int = 1,
-                 min_valid_replies: int = 0,
-                 on_round_end: Callable[[dict[str, Any], UserLevelDPStrategy], None] | None = None,
-                 synthetic: Any = None, stop: threading.Event | None = None, client_evaluations: int = 1,
-                 ef_mode: str = "none", client_store: Any = None, update_clip: float | None = None,
-                 owners: dict[int, tuple[int, int]] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        server: DPServer,
+        sampler: CohortSampler,
+        task_json: str,
+        train_costs: np.ndarray,
+        rounds: int,
+        eval_users: list[int],
+        eval_costs: np.ndarray,
+        eval_every: int,
+        eval_max_examples: int,
+        round_timeout: float,
+        min_nodes: int = 1,
+        min_valid_replies: int = 0,
+        on_round_end: Callable[[dict[str, Any], UserLevelDPStrategy], None] | None = None,
+        synthetic: Any = None,
+        stop: threading.Event | None = None,
+        client_evaluations: int = 1,
+        ef_mode: str = "none",
+        client_store: Any = None,
+        update_clip: float | None = None,
+        owners: dict[int, tuple[int, int]] | None = None,
+    ) -> None:
         self.server = server
         self.sampler = sampler
         self.task_json = task_json
@@ -212,8 +229,9 @@ class UserLevelDPStrategy(Strategy):
     def _params_record(self) -> ArrayRecord:
         return ArrayRecord({protocol.PARAMS: Array(self.server.params.detach().cpu().numpy())})
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         t = server_round - 1
         self._cohort = self.sampler.sample(t)
         real = self._cohort
@@ -226,10 +244,12 @@ class UserLevelDPStrategy(Strategy):
         # c_t (moves with adaptive clipping); c₁ + c₂ with client error feedback; c₁ with server EF.
         self.aggregator.clip_norm = self.update_clip if self.update_clip is not None else self.server.clip_norm
         if self.server.track_step:  # DiSK: clients also need the previous server step d_{t−1}
-            arrays = ArrayRecord({
-                protocol.PARAMS: Array(self.server.params.detach().cpu().numpy()),
-                protocol.DIRECTION: Array(self.server.last_step.detach().cpu().numpy()),
-            })
+            arrays = ArrayRecord(
+                {
+                    protocol.PARAMS: Array(self.server.params.detach().cpu().numpy()),
+                    protocol.DIRECTION: Array(self._last_step().detach().cpu().numpy()),
+                }
+            )
         messages = []
         for node, users, sent in plan:
             self._assigned[node] = users
@@ -240,10 +260,17 @@ class UserLevelDPStrategy(Strategy):
             content = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: cfg})
             if self.ef_mode == "client":  # the simulator hands each user its error state
                 content[protocol.CLIENT_STATE] = ArrayRecord(
-                    {protocol.state_key(u): Array(self.client_store.get(u)) for u in users})
-            messages.append(Message(content, dst_node_id=node, message_type=MessageType.TRAIN,
-                                    group_id=f"train-{t}"))
+                    {protocol.state_key(u): Array(self.client_store.get(u)) for u in users}
+                )
+            messages.append(Message(content, dst_node_id=node, message_type=MessageType.TRAIN, group_id=f"train-{t}"))
         return messages
+
+    def _last_step(self) -> torch.Tensor:
+        """DiSK's ``d_{t−1}`` (kept by the server when ``track_step``)."""
+        step = self.server.last_step
+        if step is None:
+            raise RuntimeError("the server keeps no last step (track_step is off)")
+        return step
 
     def _plan(self, users: list[int], costs: np.ndarray, grid: Grid) -> list[tuple[int, list[int], list[int]]]:
         """``(node, global users, ids to send)`` per node that gets work. Simulation: users
@@ -275,10 +302,11 @@ class UserLevelDPStrategy(Strategy):
         try:
             if self.ef_mode == "client":
                 rec = msg.content.array_records.get(protocol.CLIENT_STATE)
-                out = {u: rec[protocol.state_key(u)].numpy() for u in users}
-                return out if all(self.client_store.valid(v) for v in out.values()) else None
-            r = msg.content.array_records[protocol.ARRAYS][protocol.RESIDUAL_SUM].numpy()
-            if r.shape != (self.aggregator.dim,) or not np.issubdtype(r.dtype, np.floating):
+                out = {u: records.array_numpy(rec, protocol.state_key(u)) for u in users}
+                valid = all(v is not None and self.client_store.valid(v) for v in out.values())
+                return out if valid else None
+            r = records.array_numpy(msg.content.array_records.get(protocol.ARRAYS), protocol.RESIDUAL_SUM)
+            if r is None or r.shape != (self.aggregator.dim,) or not np.issubdtype(r.dtype, np.floating):
                 return None
             with np.errstate(over="ignore"):
                 r32 = r.astype(np.float32)  # check finiteness on the array that is summed
@@ -286,15 +314,16 @@ class UserLevelDPStrategy(Strategy):
         except Exception:  # missing or undecodable payload
             return None
 
-    def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Screen the replies, sum the accepted ones in a canonical order, add the noise
         (:meth:`DPServer.step`) and record the round's metrics row."""
         agg = self.aggregator
         agg.reset()
         screened = screen_replies(replies, self._assigned, self._sent, server_round)
-        for reason, users in screened.drops:
-            agg.drop(reason, users)
+        for reason, n_users in screened.drops:
+            agg.drop(reason, n_users)
         stats = self._accumulate(screened.valid)
         for node, users in self._assigned.items():
             if node not in screened.seen:
@@ -302,8 +331,13 @@ class UserLevelDPStrategy(Strategy):
         self._require_enough_replies(server_round)
         if self.synthetic is not None and self._synthetic_cohort:
             ids = self._synthetic_cohort
-            if agg.add(self.synthetic.update_sum(ids, server_round - 1, self.aggregator.clip_norm,
-                                                 agg.dim).numpy(), len(ids)) is None:
+            if (
+                agg.add(
+                    self.synthetic.update_sum(ids, server_round - 1, self.aggregator.clip_norm, agg.dim).numpy(),
+                    len(ids),
+                )
+                is None
+            ):
                 stats.centred += len(ids) / 2.0  # canaries' updates have norm c: they fit
         c_t = self.server.clip_norm
         if self.server.ledger.silo is not None:  # every silo that was asked to train spent budget
@@ -311,11 +345,14 @@ class UserLevelDPStrategy(Strategy):
         residual = stats.residual
         if self.ef_mode == "server" and residual is None:
             residual = np.zeros(agg.dim, dtype=np.float32)
-        eps = self.server.step(agg.total, realized_cohort=len(self._cohort), centred_count=stats.centred,
-                               residual_sum=None if residual is None else torch.from_numpy(residual))
+        eps = self.server.step(
+            agg.total,
+            realized_cohort=len(self._cohort),
+            centred_count=stats.centred,
+            residual_sum=None if residual is None else torch.from_numpy(residual),
+        )
         self._last_train = self._train_row(eps, c_t, stats)
-        mr = MetricRecord({k: v for k, v in self._last_train.items()
-                           if isinstance(v, (int, float)) and v is not None})
+        mr = MetricRecord({k: v for k, v in self._last_train.items() if isinstance(v, (int, float)) and v is not None})
         return self._params_record(), mr
 
     def _accumulate(self, valid: list[tuple[list[int], Any, Any, Message]]) -> RoundStats:
@@ -351,7 +388,7 @@ class UserLevelDPStrategy(Strategy):
                 f"noise; no privacy was spent on this round. Fix the clients, then `fedsim run --resume`."
             )
 
-    def _train_row(self, eps: float, c_t: float, stats: RoundStats) -> dict[str, Any]:
+    def _train_row(self, eps: float | None, c_t: float, stats: RoundStats) -> dict[str, Any]:
         """The round's training metrics (side statistics, :mod:`fedsim.metrics`)."""
         agg = self.aggregator
         silo = self.server.ledger.silo
@@ -383,19 +420,24 @@ class UserLevelDPStrategy(Strategy):
             return True
         return self.eval_every > 0 and server_round % self.eval_every == 0
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         if not self.eval_due(server_round):
             return []
         self._eval_assigned = {}
         messages = []
         for node, users, sent in self._plan(self.eval_users, self.eval_costs, grid):
             self._eval_assigned[node] = users
-            cfg = ConfigRecord({"task": self.task_json, "user_ids": sent,
-                                "max_examples": self.eval_max_examples})
-            messages.append(Message(RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: cfg}),
-                                    dst_node_id=node, message_type=MessageType.EVALUATE,
-                                    group_id=f"evaluate-{server_round - 1}"))
+            cfg = ConfigRecord({"task": self.task_json, "user_ids": sent, "max_examples": self.eval_max_examples})
+            messages.append(
+                Message(
+                    RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: cfg}),
+                    dst_node_id=node,
+                    message_type=MessageType.EVALUATE,
+                    group_id=f"evaluate-{server_round - 1}",
+                )
+            )
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -407,22 +449,30 @@ class UserLevelDPStrategy(Strategy):
         for msg in replies:
             node = msg.metadata.src_node_id
             m = None if msg.has_error() else msg.content.metric_records.get(protocol.METRICS)
-            if node not in self._eval_assigned or m is None or "count" not in m or "loss_sum" not in m:
+            if (
+                node not in self._eval_assigned
+                or m is None
+                or "count" not in m
+                or "loss_sum" not in m
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in m.values())
+            ):
                 failed += 1
                 continue
             parts.append((self._eval_assigned[node], m))
         sums: dict[str, float] = {}
         for _, m in sorted(parts, key=lambda p: p[0]):  # canonical order (bit-identical runs)
             for k in m:
-                sums[k] = sums.get(k, 0.0) + float(m[k])
+                sums[k] = sums.get(k, 0.0) + _as_float(m[k])
         count = sums.get("count", 0.0)
         if count <= 0:
             return None
-        out: dict[str, float | int] = {
+        out: dict[str, int | float | list[int] | list[float]] = {
             "eval_loss": sums["loss_sum"] / max(sums.get("loss_count", count), 1e-300),
             "eval_accuracy": sums.get("correct", 0.0) / count,
-            "eval_examples": int(sums.get("examples", count)), "eval_failed_replies": failed,
-            "eval_failed_users": int(sums.get("failed_users", 0.0))}
+            "eval_examples": int(sums.get("examples", count)),
+            "eval_failed_replies": failed,
+            "eval_failed_users": int(sums.get("failed_users", 0.0)),
+        }
         for k in sorted(sums):
             if k.endswith("_correct") and sums.get(k[: -len("_correct")] + "_count", 0.0) > 0:
                 name = k[: -len("_correct")]
@@ -438,8 +488,10 @@ class UserLevelDPStrategy(Strategy):
         deadline = time.monotonic() + timeout
         while len(list(grid.get_node_ids())) < self.min_nodes and not self.stopping():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(list(grid.get_node_ids()))} of {self.min_nodes} "
-                                   f"SuperNodes connected after {timeout:.0f} s")
+                raise RuntimeError(
+                    f"only {len(list(grid.get_node_ids()))} of {self.min_nodes} "
+                    f"SuperNodes connected after {timeout:.0f} s"
+                )
             time.sleep(0.05)
 
     def stopping(self) -> bool:
@@ -487,8 +539,7 @@ class UserLevelDPStrategy(Strategy):
                 self.abandoned_round = server_round
                 return
             self.aggregate_train(server_round, replies)
-            row: dict[str, Any] = {"round": server_round, **self._last_train,
-                                   "eval_loss": None, "eval_accuracy": None}
+            row: dict[str, Any] = {"round": server_round, **self._last_train, "eval_loss": None, "eval_accuracy": None}
             ev_msgs = list(self.configure_evaluate(server_round, self._params_record(), empty, grid))
             if ev_msgs:
                 ev_replies = self.exchange(grid, ev_msgs)  # None on a stop: this round is not evaluated
@@ -508,17 +559,37 @@ def census(grid: Grid, data_spec_json: str, timeout: float = 600.0) -> dict[int,
     import json
 
     nodes = sorted(grid.get_node_ids())
-    msgs = [Message(RecordDict({protocol.CONFIG: ConfigRecord({"data": data_spec_json})}), dst_node_id=n,
-                    message_type=MessageType.QUERY, group_id="census") for n in nodes]
+    msgs = [
+        Message(
+            RecordDict({protocol.CONFIG: ConfigRecord({"data": data_spec_json})}),
+            dst_node_id=n,
+            message_type=MessageType.QUERY,
+            group_id="census",
+        )
+        for n in nodes
+    ]
     out: dict[int, dict[str, Any]] = {}
     for reply in grid.send_and_receive(msgs, timeout=timeout):
         node = reply.metadata.src_node_id
         if reply.has_error():
-            raise FedsimError(f"census: node {node} failed to load its data ({reply.error.reason}); check its "
-                              f"--node-config data-root and user-shard")
+            raise FedsimError(
+                f"census: node {node} failed to load its data ({reply.error.reason}); check its "
+                f"--node-config data-root and user-shard"
+            )
         m, c = reply.content.metric_records[protocol.METRICS], reply.content.config_records[protocol.CONFIG]
-        out[node] = {"names": list(c["names"]), "num_train": list(m["num_train"]),
-                     "num_test": list(m["num_test"]), "dims": json.loads(str(c["dims"])), "task": str(c["task"])}
+        names, num_train, num_test = c["names"], records.int_list(m["num_train"]), records.int_list(m["num_test"])
+        if not isinstance(names, list) or num_train is None or num_test is None:
+            raise FedsimError(
+                f"census: node {node} sent a malformed census (names, num_train, num_test); "
+                f"check that it runs this fedsim version"
+            )
+        out[node] = {
+            "names": [str(n) for n in names],
+            "num_train": num_train,
+            "num_test": num_test,
+            "dims": json.loads(str(c["dims"])),
+            "task": str(c["task"]),
+        }
     missing = [n for n in nodes if n not in out]
     if missing:
         raise FedsimError(f"census: no answer from node(s) {missing} within {timeout:.0f} s")

@@ -29,8 +29,15 @@ N, K, Z, DELTA = 100, 10, 1.5, 1e-5
 
 
 def spec(**kw) -> AccountingSpec:
-    base = dict(mechanism="gaussian", scheme="poisson", population=N, cohort_size=K,
-                noise_multiplier=Z, delta=DELTA, accountant="pld")
+    base = dict(
+        mechanism="gaussian",
+        scheme="poisson",
+        population=N,
+        cohort_size=K,
+        noise_multiplier=Z,
+        delta=DELTA,
+        accountant="pld",
+    )
     base.update(kw)
     return AccountingSpec(**base)
 
@@ -41,27 +48,28 @@ def rel(a: float, b: float) -> float:
 
 # --- independent dp-accounting computations --------------------------------------
 
+
 def independent_poisson_pld(q: float, z: float, t: int, delta: float) -> float:
     acc = dp_accounting.pld.PLDAccountant()  # library default discretization (1e-4)
-    acc.compose(dp_event.SelfComposedDpEvent(
-        dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), t))
+    acc.compose(dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), t))
     return acc.get_epsilon(delta)
 
 
 def independent_poisson_rdp(q: float, z: float, t: int, delta: float) -> float:
     acc = dp_accounting.rdp.RdpAccountant()
-    acc.compose(dp_event.SelfComposedDpEvent(
-        dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), t))
+    acc.compose(dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), t))
     return acc.get_epsilon(delta)
 
 
 def independent_fixed_rdp(n: int, k: int, z: float, t: int, delta: float) -> float:
     # Replace-one: one user's clipped update u becomes u', the sum moves by ≤ 2c, so the
     # Gaussian event's multiplier (std / sensitivity) is c·z / 2c = z/2.
-    acc = dp_accounting.rdp.RdpAccountant(
-        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-    acc.compose(dp_event.SelfComposedDpEvent(
-        dp_event.SampledWithoutReplacementDpEvent(n, k, dp_event.GaussianDpEvent(z / 2)), t))
+    acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(
+        dp_event.SelfComposedDpEvent(
+            dp_event.SampledWithoutReplacementDpEvent(n, k, dp_event.GaussianDpEvent(z / 2)), t
+        )
+    )
     return acc.get_epsilon(delta)
 
 
@@ -76,6 +84,7 @@ def gaussian_epsilon_closed_form(mu: float, delta: float) -> float:
 
 
 # --- epsilon ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("t", [1, 7])
 def test_epsilon_poisson_pld_matches_dp_accounting(t):
@@ -94,8 +103,7 @@ def test_epsilon_poisson_rdp_matches_dp_accounting(t):
 @pytest.mark.parametrize("t", [1, 25])
 def test_epsilon_fixed_uses_rdp_replace_one(t):
     # fixed sampling always uses RDP with replace-one adjacency, even if accountant="pld"
-    s = spec(scheme="fixed", population=200, cohort_size=20, noise_multiplier=1.2,
-             accountant="pld")
+    s = spec(scheme="fixed", population=200, cohort_size=20, noise_multiplier=1.2, accountant="pld")
     assert s.effective_accountant == "rdp"
     assert replace(s, accountant="rdp").effective_accountant == "rdp"
     assert s.neighboring_relation == "replace_one"
@@ -140,6 +148,7 @@ def test_unknown_mechanism_or_scheme_refused():
 
 # --- EpsilonCurve ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "kw",
     [
@@ -152,11 +161,12 @@ def test_unknown_mechanism_or_scheme_refused():
 def test_epsilon_curve_equals_epsilon(kw):
     s = spec(**kw)
     curve = EpsilonCurve(s)
-    for t in ((1, 5) if s.scheme == "fixed" else (1, 5, 20)):
+    for t in (1, 5) if s.scheme == "fixed" else (1, 5, 20):
         assert rel(curve(t), epsilon(s, t)) < 1e-8
 
 
 # --- monotonicity ------------------------------------------------------------------
+
 
 def test_epsilon_increasing_in_rounds_pld():
     curve = EpsilonCurve(spec(noise_multiplier=2.0))
@@ -190,6 +200,7 @@ def test_epsilon_increasing_in_sampling_rate():
 
 
 # --- calibration -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "kw, rounds, target",
@@ -228,6 +239,7 @@ def test_calibrate_refuses_none_and_bad_target():
 
 # --- delta -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n", [2, 10, 715, 10_000, 1_000_000])
 def test_default_delta(n):
     assert default_delta(n) == 1 / n**1.1
@@ -235,6 +247,7 @@ def test_default_delta(n):
 
 
 # --- ledger ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kw", [{}, {"accountant": "rdp"}], ids=["poisson-pld", "poisson-rdp"])
 def test_ledger_recompute_equals_recorded(kw):

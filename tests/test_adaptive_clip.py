@@ -70,8 +70,9 @@ def test_controller_tracks_the_target_quantile(gamma):
     rounds the clip norm settles near it (the geometric update's fixed point)."""
     rng = np.random.default_rng(0)
     k_bar = 100
-    ctl = AdaptiveClip(initial=0.05, target_quantile=gamma, lr=0.2, count_stddev=k_bar / 20,
-                       expected_cohort=k_bar, seed=1)
+    ctl = AdaptiveClip(
+        initial=0.05, target_quantile=gamma, lr=0.2, count_stddev=k_bar / 20, expected_cohort=k_bar, seed=1
+    )
     late = []
     for t in range(1500):
         norms = rng.exponential(1.0, size=rng.poisson(k_bar))
@@ -105,8 +106,13 @@ def test_phi_uses_the_round_clip_norm():
 def test_privacy_report_shows_the_split_and_same_epsilon():
     from fedsim.simulation import privacy_report
 
-    base = ["rounds=20", "sampling.scheme='poisson'", "privacy.mechanism='gaussian'",
-            "privacy.noise_multiplier=1.1", "sampling.cohort_size=40"]
+    base = [
+        "rounds=20",
+        "sampling.scheme='poisson'",
+        "privacy.mechanism='gaussian'",
+        "privacy.noise_multiplier=1.1",
+        "sampling.cohort_size=40",
+    ]
     plain = privacy_report(load_config(None, base), 800)
     adapt = privacy_report(load_config(None, base + ["clipping.adaptive=true"]), 800)
     assert plain["budget_split"] is None
@@ -115,10 +121,22 @@ def test_privacy_report_shows_the_split_and_same_epsilon():
     assert split["count_stddev"] == 2.0 and split["count_releases_per_user"] == 1
     assert split["update_noise_multiplier"] == pytest.approx((1.1**-2 - 4.0**-2) ** -0.5)
     # MF without amplification: k = the user's participations (epochs: ⌈n/b⌉ = 4)
-    mf = privacy_report(load_config(None, [
-        "rounds=20", "sampling.scheme='epochs'", "sampling.min_sep=5", "privacy.mechanism='blt'",
-        "privacy.noise_multiplier=1.1", "sampling.cohort_size=160", "clipping.adaptive=true",
-        "clipping.count_stddev=10.0"]), 800)
+    mf = privacy_report(
+        load_config(
+            None,
+            [
+                "rounds=20",
+                "sampling.scheme='epochs'",
+                "sampling.min_sep=5",
+                "privacy.mechanism='blt'",
+                "privacy.noise_multiplier=1.1",
+                "sampling.cohort_size=160",
+                "clipping.adaptive=true",
+                "clipping.count_stddev=10.0",
+            ],
+        ),
+        800,
+    )
     assert mf["budget_split"]["count_releases_per_user"] == 4
     # too little count noise: refused before anything runs
     with pytest.raises(FedsimError, match="count_stddev"):
@@ -137,20 +155,43 @@ def test_adaptive_clipping_run(tmp_path):
     from fedsim.simulation import run_experiment
 
     N, K, z = 24, 8, 1.2
-    cfg = load_config(None, [
-        "rounds=3", "sampling.scheme='poisson'", "privacy.mechanism='gaussian'",
-        f"privacy.noise_multiplier={z}", "model.name='shakespeare_lstm_small'", f"data.max_users={N}",
-        f"sampling.cohort_size={K}", "client.max_examples=8", "eval.every=0", "eval.max_users=4",
-        "eval.max_examples_per_user=4", "sim.num_workers=2", "clipping.adaptive=true",
-        "clipping.lr=1.0", "clipping.count_stddev=2.0", "client.clip_norm=0.05", "server.optimizer='adambc'", "filter.name='ema'"])
+    cfg = load_config(
+        None,
+        [
+            "rounds=3",
+            "sampling.scheme='poisson'",
+            "privacy.mechanism='gaussian'",
+            f"privacy.noise_multiplier={z}",
+            "model.name='shakespeare_lstm_small'",
+            f"data.max_users={N}",
+            f"sampling.cohort_size={K}",
+            "client.max_examples=8",
+            "eval.every=0",
+            "eval.max_users=4",
+            "eval.max_examples_per_user=4",
+            "sim.num_workers=2",
+            "clipping.adaptive=true",
+            "clipping.lr=1.0",
+            "clipping.count_stddev=2.0",
+            "client.clip_norm=0.05",
+            "server.optimizer='adambc'",
+            "filter.name='ema'",
+        ],
+    )
     out = tmp_path / "run"
     summary = run_experiment(cfg, out, progress=False)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     ledger = json.loads((out / "ledger.json").read_text())
     delta = 1 / N**1.1
     for r, e in zip(rows, ledger["entries"]):
-        want = _pld_eps([dp_event.SelfComposedDpEvent(
-            dp_event.PoissonSampledDpEvent(K / N, dp_event.GaussianDpEvent(z)), r["round"])], delta)
+        want = _pld_eps(
+            [
+                dp_event.SelfComposedDpEvent(
+                    dp_event.PoissonSampledDpEvent(K / N, dp_event.GaussianDpEvent(z)), r["round"]
+                )
+            ],
+            delta,
+        )
         assert r["epsilon"] == pytest.approx(want, rel=1e-8)
         assert e["clip_norm"] == r["clip_norm"]
     assert recompute_epsilon(ledger) == pytest.approx(summary["epsilon"], rel=1e-8)

@@ -30,16 +30,19 @@ def test_accepts_and_sums_valid_updates():
     assert agg.accepted_users == 2 and agg.dropped_users == 0 and agg.server_clipped == 0
 
 
-@pytest.mark.parametrize("bad,reason", [
-    (None, "missing"),
-    (np.full(D, np.nan, dtype=np.float32), "nonfinite"),
-    (np.r_[np.zeros(D - 1), np.inf].astype(np.float32), "nonfinite"),
-    (np.zeros(D - 1, dtype=np.float32), "shape"),
-    (np.zeros((D, 1), dtype=np.float32), "shape"),
-    (np.zeros(D, dtype=np.int64), "dtype"),
-    (np.array(["x"] * D), "dtype"),
-    ([0.0] * D, "dtype"),
-])
+@pytest.mark.parametrize(
+    "bad,reason",
+    [
+        (None, "missing"),
+        (np.full(D, np.nan, dtype=np.float32), "nonfinite"),
+        (np.r_[np.zeros(D - 1), np.inf].astype(np.float32), "nonfinite"),
+        (np.zeros(D - 1, dtype=np.float32), "shape"),
+        (np.zeros((D, 1), dtype=np.float32), "shape"),
+        (np.zeros(D, dtype=np.int64), "dtype"),
+        (np.array(["x"] * D), "dtype"),
+        ([0.0] * D, "dtype"),
+    ],
+)
 def test_bad_replies_are_dropped_and_counted(bad, reason):
     agg = UpdateAggregator(D, clip_norm=1.0)
     agg.add(np.ones(D, dtype=np.float32) * 0.01, 1)

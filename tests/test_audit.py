@@ -64,9 +64,16 @@ def _hockey_stick_numeric(eps, mp, sp, mq, sq):
     return integrate.quad(f, lo, hi, points=[mp, mq], limit=500, epsabs=1e-13)[0]
 
 
-@pytest.mark.parametrize("p,q", [((0.0, 1.0), (1.0, 1.3)), ((0.0, 1.0), (0.0, 1.2)),
-                                 ((0.0, 1.0), (2.0, 0.7)), ((0.1, 0.01), (0.13, 0.012)),
-                                 ((0.0, 1.0), (1.0, 1.0 + 1e-9))])
+@pytest.mark.parametrize(
+    "p,q",
+    [
+        ((0.0, 1.0), (1.0, 1.3)),
+        ((0.0, 1.0), (0.0, 1.2)),
+        ((0.0, 1.0), (2.0, 0.7)),
+        ((0.1, 0.01), (0.13, 0.012)),
+        ((0.0, 1.0), (1.0, 1.0 + 1e-9)),
+    ],
+)
 @pytest.mark.parametrize("eps", [0.0, 0.3, 1.0, 3.0])
 def test_hockey_stick_with_unequal_variances_matches_integration(p, q, eps):
     """The closed form (quadratic log-likelihood ratio, normal CDFs) against direct numerical
@@ -81,8 +88,9 @@ def test_hockey_stick_with_unequal_variances_matches_integration(p, q, eps):
 def test_epsilon_two_gaussians_solves_for_delta_and_edge_cases():
     delta = 1e-5
     eps = epsilon_two_gaussians(0.0, 1.0, 1.5, 1.4, delta)
-    worst = max(math.exp(log_hockey_stick(eps, 0.0, 1.0, 1.5, 1.4)),
-                math.exp(log_hockey_stick(eps, 1.5, 1.4, 0.0, 1.0)))
+    worst = max(
+        math.exp(log_hockey_stick(eps, 0.0, 1.0, 1.5, 1.4)), math.exp(log_hockey_stick(eps, 1.5, 1.4, 0.0, 1.0))
+    )
     assert worst == pytest.approx(delta, rel=1e-6)
     assert epsilon_two_gaussians(0.0, 1.0, 0.0, 1.0, delta) == 0.0
     assert epsilon_two_gaussians(0.0, 1.0, 1e-9, 1.0, delta) == 0.0  # (0, δ)-DP already
@@ -133,8 +141,7 @@ def test_bootstrap_interval_coverage(null_model):
         if null_model == "theoretical":
             nul = None
         for method in covered:
-            lo, hi = bootstrap_interval(obs, nul, delta, dim=d, alpha=0.10, num_bootstrap=120, seed=i,
-                                        method=method)
+            lo, hi = bootstrap_interval(obs, nul, delta, dim=d, alpha=0.10, num_bootstrap=120, seed=i, method=method)
             covered[method] += lo <= truth <= hi
     assert covered["basic"] >= 30, covered
     assert covered["percentile"] < covered["basic"], covered
@@ -246,8 +253,19 @@ def test_cli_audit_user_errors_are_one_line(capsys, tmp_path):
     cfg = load_config(None, ["data.max_users=30", "rounds=4", "sampling.min_sep=2", "sampling.max_participations=2"])
     assert scheme_of(cfg, 30 + 10).expected_cohort == 20.0 and scheme_of(cfg, 30).expected_cohort == 15.0
     # an error that has nothing to do with the canaries is not annotated
-    code, _, err = _cli(capsys, "audit", "--canaries", "10", "--out", str(tmp_path / "z"),
-                        "--set", "data.max_users=30", "--set", "sampling.scheme='poisson'", "--json")
+    code, _, err = _cli(
+        capsys,
+        "audit",
+        "--canaries",
+        "10",
+        "--out",
+        str(tmp_path / "z"),
+        "--set",
+        "data.max_users=30",
+        "--set",
+        "sampling.scheme='poisson'",
+        "--json",
+    )
     assert code == 2 and "bounded participation scheme" in err and "canary" not in err
 
 
@@ -277,8 +295,18 @@ def _run_audit(tmp_path, name, overrides, canaries, **kw):
 
 
 def _check_report(rep, m):
-    for key in ("epsilon_estimate", "epsilon_interval", "confidence", "ledger_epsilon", "num_canaries",
-                "observed_cosine", "null_cosine", "dimension", "caveats", "delta"):
+    for key in (
+        "epsilon_estimate",
+        "epsilon_interval",
+        "confidence",
+        "ledger_epsilon",
+        "num_canaries",
+        "observed_cosine",
+        "null_cosine",
+        "dimension",
+        "caveats",
+        "delta",
+    ):
         assert key in rep, key
     assert rep["num_canaries"] == m and rep["population"] == 30 + m and rep["dimension"] == 59_232
     assert rep["confidence"] == pytest.approx(0.95)
@@ -337,8 +365,9 @@ def test_audit_detects_noise_ten_times_smaller_than_accounted(tmp_path, monkeypa
     _check_report(rep, m)
     assert rep["noise_multiplier"] == 1.0
     acc = PLDAccountant()
-    acc.compose(dp_event.SelfComposedDpEvent(
-        dp_event.PoissonSampledDpEvent(53 / (30 + m), dp_event.GaussianDpEvent(1.0)), 10))
+    acc.compose(
+        dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(53 / (30 + m), dp_event.GaussianDpEvent(1.0)), 10)
+    )
     assert rep["ledger_epsilon"] == pytest.approx(acc.get_epsilon(rep["delta"]), rel=1e-6)
     lo, _ = rep["epsilon_interval"]
     assert rep["epsilon_estimate"] > rep["ledger_epsilon"] and lo > rep["ledger_epsilon"], rep
@@ -351,10 +380,20 @@ def test_audit_with_blt_matrix_factorization_noise(tmp_path):
     upper end of its 95 % interval stay below the ledger's ε. For SGD on the server the final
     model sees the canary at μ = k/(z·sens·‖(C⁻¹)ᵀ1‖) ≈ 0.69/z against the ledger's 1/z."""
     m = 970  # N + M = 1000 = 5 groups of 200
-    rep = _run_audit(tmp_path, "blt", [
-        "sampling.scheme='epochs'", "sampling.min_sep=5", "sampling.max_participations=2",
-        "sampling.cohort_size=200", "privacy.mechanism='blt'", "privacy.buffers=2",
-        "privacy.noise_multiplier=0.9"], m)
+    rep = _run_audit(
+        tmp_path,
+        "blt",
+        [
+            "sampling.scheme='epochs'",
+            "sampling.min_sep=5",
+            "sampling.max_participations=2",
+            "sampling.cohort_size=200",
+            "privacy.mechanism='blt'",
+            "privacy.buffers=2",
+            "privacy.noise_multiplier=0.9",
+        ],
+        m,
+    )
     _check_report(rep, m)
     assert rep["mechanism"] == "blt" and rep["scheme"] == "epochs"
     assert rep["canary_participations"]["min"] == rep["canary_participations"]["max"] == 2

@@ -23,54 +23,115 @@ def run_cli(capsys, *args):
 
 
 def test_privacy_json_matches_dp_accounting(capsys):
-    code, out, _ = run_cli(capsys, "privacy", "--population", "1000", "--set", "rounds=50",
-                           "--set", "sampling.scheme='poisson'", "--set", "privacy.mechanism='gaussian'",
-                           "--set", "sampling.cohort_size=20", "--set", "privacy.noise_multiplier=0.9", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "privacy",
+        "--population",
+        "1000",
+        "--set",
+        "rounds=50",
+        "--set",
+        "sampling.scheme='poisson'",
+        "--set",
+        "privacy.mechanism='gaussian'",
+        "--set",
+        "sampling.cohort_size=20",
+        "--set",
+        "privacy.noise_multiplier=0.9",
+        "--json",
+    )
     assert code == 0
     r = json.loads(out)
-    assert set(r) >= {"epsilon", "delta", "noise_multiplier", "rounds", "sampling_rate", "population",
-                      "mechanism", "accountant"}
+    assert set(r) >= {
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+        "rounds",
+        "sampling_rate",
+        "population",
+        "mechanism",
+        "accountant",
+    }
     assert r["population"] == 1000 and r["rounds"] == 50 and r["sampling_rate"] == pytest.approx(0.02)
-    assert r["delta"] == pytest.approx(1000 ** -1.1) and r["mechanism"] == "gaussian"
+    assert r["delta"] == pytest.approx(1000**-1.1) and r["mechanism"] == "gaussian"
     acc = PLDAccountant()
     acc.compose(dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(0.02, dp_event.GaussianDpEvent(0.9)), 50))
-    assert r["epsilon"] == pytest.approx(acc.get_epsilon(1000 ** -1.1), rel=1e-9)
+    assert r["epsilon"] == pytest.approx(acc.get_epsilon(1000**-1.1), rel=1e-9)
 
 
 def test_privacy_fixed_scheme_uses_rdp_replace_one(capsys):
-    code, out, _ = run_cli(capsys, "privacy", "--population", "500", "--set", "rounds=20",
-                           "--set", "privacy.mechanism='gaussian'", "--set", "sampling.scheme='fixed'", "--set", "sampling.cohort_size=25",
-                           "--set", "privacy.noise_multiplier=1.1", "--set", "privacy.delta=1e-5", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "privacy",
+        "--population",
+        "500",
+        "--set",
+        "rounds=20",
+        "--set",
+        "privacy.mechanism='gaussian'",
+        "--set",
+        "sampling.scheme='fixed'",
+        "--set",
+        "sampling.cohort_size=25",
+        "--set",
+        "privacy.noise_multiplier=1.1",
+        "--set",
+        "privacy.delta=1e-5",
+        "--json",
+    )
     r = json.loads(out)
     assert code == 0 and r["accountant"] == "rdp" and r["neighboring_relation"] == "replace_one"
     assert r["sensitivity_in_c"] == 2.0  # replace-one: the sum moves by up to 2c
     from dp_accounting import NeighboringRelation
 
     acc = RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
-    acc.compose(dp_event.SelfComposedDpEvent(
-        dp_event.SampledWithoutReplacementDpEvent(500, 25, dp_event.GaussianDpEvent(1.1 / 2)), 20))
+    acc.compose(
+        dp_event.SelfComposedDpEvent(
+            dp_event.SampledWithoutReplacementDpEvent(500, 25, dp_event.GaussianDpEvent(1.1 / 2)), 20
+        )
+    )
     assert r["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
 
 
 def test_privacy_target_epsilon_calibrates(capsys):
-    code, out, _ = run_cli(capsys, "privacy", "--population", "848", "--set", "rounds=30",
-                           "--set", "sampling.scheme='poisson'", "--set", "privacy.mechanism='gaussian'",
-                           "--set", "sampling.cohort_size=30", "--target-epsilon", "3", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "privacy",
+        "--population",
+        "848",
+        "--set",
+        "rounds=30",
+        "--set",
+        "sampling.scheme='poisson'",
+        "--set",
+        "privacy.mechanism='gaussian'",
+        "--set",
+        "sampling.cohort_size=30",
+        "--target-epsilon",
+        "3",
+        "--json",
+    )
     r = json.loads(out)
     assert code == 0
     assert r["epsilon"] <= 3.0 and r["epsilon"] > 2.9
     assert r["noise_multiplier"] > 0
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--set", "client.lrr=1"], "client.lrr"),
-    (["--set", "sampling.scheme='stratified'"], "sampling.scheme"),
-    (["--set", "rounds=0"], "rounds"),
-    (["--set", "sampling.cohort_size=5000"], "sampling.cohort_size"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--set", "client.lrr=1"], "client.lrr"),
+        (["--set", "sampling.scheme='stratified'"], "sampling.scheme"),
+        (["--set", "rounds=0"], "rounds"),
+        (["--set", "sampling.cohort_size=5000"], "sampling.cohort_size"),
+    ],
+)
 def test_bad_config_exits_2_with_message(capsys, args, needle):
-    code, _, err = run_cli(capsys, "privacy", "--population", "1000", *args, "--json") \
-        if needle != "sampling.cohort_size" else run_cli(capsys, "privacy", "--population", "1000", *args)
+    code, _, err = (
+        run_cli(capsys, "privacy", "--population", "1000", *args, "--json")
+        if needle != "sampling.cohort_size"
+        else run_cli(capsys, "privacy", "--population", "1000", *args)
+    )
     assert code == 2
     assert needle in err and "Traceback" not in err
 
@@ -83,8 +144,12 @@ def test_missing_config_file(capsys, tmp_path):
 def test_run_refuses_bad_config_without_starting(tmp_path):
     """A broken config never starts a run: no run folder, exit 2, no traceback."""
     out = tmp_path / "never"
-    p = subprocess.run([sys.executable, "-m", "fedsim.cli", "run", "--set", "server.optimizer='adamw'",
-                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "fedsim.cli", "run", "--set", "server.optimizer='adamw'", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert "server.optimizer" in p.stderr and "Traceback" not in p.stderr
     assert not out.exists()
@@ -100,13 +165,36 @@ def test_help_lists_commands(capsys):
 def test_report_command(capsys, tmp_path):
     run = tmp_path / "r1"
     run.mkdir()
-    rows = [{"round": i, "epsilon": 0.1 * i, "train_loss": 3.0, "eval_accuracy": 0.2 + 0.01 * i,
-             "eval_loss": 2.0, "dropped_updates": 0, "cohort_size": 5, "seconds": 1.0} for i in (1, 2, 3)]
+    rows = [
+        {
+            "round": i,
+            "epsilon": 0.1 * i,
+            "train_loss": 3.0,
+            "eval_accuracy": 0.2 + 0.01 * i,
+            "eval_loss": 2.0,
+            "dropped_updates": 0,
+            "cohort_size": 5,
+            "seconds": 1.0,
+        }
+        for i in (1, 2, 3)
+    ]
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (run / "summary.json").write_text(json.dumps({
-        "name": "toy", "final_eval_accuracy": 0.23, "epsilon": 0.3, "delta": 1e-3, "noise_multiplier": 1.0,
-        "mechanism": "gaussian", "rounds_completed": 3, "population": 10, "model_sha256": "x",
-        "wall_seconds": 3.0}))
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "name": "toy",
+                "final_eval_accuracy": 0.23,
+                "epsilon": 0.3,
+                "delta": 1e-3,
+                "noise_multiplier": 1.0,
+                "mechanism": "gaussian",
+                "rounds_completed": 3,
+                "population": 10,
+                "model_sha256": "x",
+                "wall_seconds": 3.0,
+            }
+        )
+    )
     code, out, _ = run_cli(capsys, "report", str(run), "--json")
     assert code == 0
     table = json.loads(out)
@@ -141,8 +229,19 @@ def test_factorize_json_matches_closed_forms(capsys):
     assert r["final_error"] == pytest.approx(math.log2(n) + 1, rel=1e-12)
 
     # identity under epochs (k = 4, b = 4): sens = √k exactly.
-    code, out, _ = run_cli(capsys, "factorize", "--mechanism", "identity", "--rounds", str(n),
-                           "--scheme", "epochs", "--min-sep", "4", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "factorize",
+        "--mechanism",
+        "identity",
+        "--rounds",
+        str(n),
+        "--scheme",
+        "epochs",
+        "--min-sep",
+        "4",
+        "--json",
+    )
     r = json.loads(out)
     assert r["max_participations"] == 4 and r["sensitivity"] == pytest.approx(2.0)
 
@@ -152,10 +251,8 @@ def test_factorize_dense_device_flag(capsys):
     numpy's loss; an unusable device is a clear error, not a traceback."""
     code, out, _ = run_cli(capsys, "factorize", "--mechanism", "dense", "--rounds", "32", "--json")
     ref = json.loads(out)
-    code2, out2, _ = run_cli(capsys, "factorize", "--mechanism", "dense", "--rounds", "32", "--device", "cpu",
-                             "--json")
+    code2, out2, _ = run_cli(capsys, "factorize", "--mechanism", "dense", "--rounds", "32", "--device", "cpu", "--json")
     got = json.loads(out2)
     assert code == code2 == 0 and got["loss"] == pytest.approx(ref["loss"], rel=1e-10)
-    code3, _, err = run_cli(capsys, "factorize", "--mechanism", "dense", "--rounds", "8", "--device", "warp",
-                            "--json")
+    code3, _, err = run_cli(capsys, "factorize", "--mechanism", "dense", "--rounds", "8", "--device", "warp", "--json")
     assert code3 != 0 and "torch device" in err

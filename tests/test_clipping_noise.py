@@ -36,6 +36,7 @@ def random_cases(n: int, seed: int = 0):
 
 # --- clipping ------------------------------------------------------------------------
 
+
 def test_l2_norm_is_float64_exact():
     v = torch.tensor([3.0, 4.0], dtype=torch.float32)
     assert l2_norm(v) == 5.0

@@ -34,34 +34,38 @@ BAD_CONFIGS = [
     ("delta-above-one", {"privacy": {"noise_multiplier": 1.0, "delta": 1.5}}, ["privacy.delta"]),
     ("delta-zero", {"privacy": {"noise_multiplier": 1.0, "delta": 0.0}}, ["privacy.delta"]),
     ("bad-scheme", {"sampling": {"scheme": "stratified"}}, ["sampling.scheme"]),
-    ("bad-mechanism", {"privacy": {"mechanism": "laplace", "noise_multiplier": 1.0}},
-     ["privacy.mechanism"]),
-    ("bad-accountant", {"privacy": {"noise_multiplier": 1.0, "accountant": "moments"}},
-     ["privacy.accountant"]),
+    ("bad-mechanism", {"privacy": {"mechanism": "laplace", "noise_multiplier": 1.0}}, ["privacy.mechanism"]),
+    ("bad-accountant", {"privacy": {"noise_multiplier": 1.0, "accountant": "moments"}}, ["privacy.accountant"]),
     ("bad-optimizer", {"server": {"optimizer": "sgdd"}}, ["server.optimizer"]),
     ("bad-device", {"sim": {"device": "tpu"}}, ["sim.device"]),
     ("momentum-one", {"server": {"momentum": 1.0}}, ["server.momentum"]),
-    ("both-z-and-target", {"privacy": {"noise_multiplier": 1.0, "target_epsilon": 3.0}},
-     ["privacy.noise_multiplier", "privacy.target_epsilon"]),
-    ("neither-z-nor-target", {"privacy": {"mechanism": "gaussian"}},
-     ["privacy.noise_multiplier", "privacy.target_epsilon"]),
-    ("none-with-z", {"privacy": {"mechanism": "none", "noise_multiplier": 1.0}},
-     ["privacy.noise_multiplier"]),
-    ("none-with-target", {"privacy": {"mechanism": "none", "target_epsilon": 2.0}},
-     ["privacy.target_epsilon"]),
+    (
+        "both-z-and-target",
+        {"privacy": {"noise_multiplier": 1.0, "target_epsilon": 3.0}},
+        ["privacy.noise_multiplier", "privacy.target_epsilon"],
+    ),
+    (
+        "neither-z-nor-target",
+        {"privacy": {"mechanism": "gaussian"}},
+        ["privacy.noise_multiplier", "privacy.target_epsilon"],
+    ),
+    ("none-with-z", {"privacy": {"mechanism": "none", "noise_multiplier": 1.0}}, ["privacy.noise_multiplier"]),
+    ("none-with-target", {"privacy": {"mechanism": "none", "target_epsilon": 2.0}}, ["privacy.target_epsilon"]),
     ("gaussian-with-z-zero", {"privacy": {"noise_multiplier": 0.0}}, ["privacy.noise_multiplier"]),
     ("bad-name-space", {"name": "my run"}, ["name"]),
     ("bad-name-slash", {"name": "../escape"}, ["name"]),
     ("empty-name", {"name": ""}, ["name"]),
     ("max-users-one", {"data": {"max_users": 1}}, ["data.max_users"]),
     ("window-too-large", {"data": {"window": 4096}}, ["data.window"]),
-    ("factorize-device-not-dense", {"privacy": {"mechanism": "blt", "noise_multiplier": 1.0,
-                                                "factorize_device": "cuda"}}, ["privacy.factorize_device"]),
+    (
+        "factorize-device-not-dense",
+        {"privacy": {"mechanism": "blt", "noise_multiplier": 1.0, "factorize_device": "cuda"}},
+        ["privacy.factorize_device"],
+    ),
 ]
 
 
-@pytest.mark.parametrize("raw, expected", [(r, e) for _, r, e in BAD_CONFIGS],
-                         ids=[i for i, _, _ in BAD_CONFIGS])
+@pytest.mark.parametrize("raw, expected", [(r, e) for _, r, e in BAD_CONFIGS], ids=[i for i, _, _ in BAD_CONFIGS])
 def test_bad_config_names_the_key(raw, expected):
     with pytest.raises(FedsimError) as ei:
         config_from_dict(raw)
@@ -96,6 +100,7 @@ def test_wrong_scalar_type_is_not_coerced(raw):
 
 
 # --- overrides -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "item, path, value, typ",
@@ -166,11 +171,11 @@ def test_overrides_validated_with_the_table():
 
 # --- files ---------------------------------------------------------------------------
 
+
 def test_load_config_file_and_overrides(tmp_path):
     p = tmp_path / "exp.toml"
     p.write_text(
-        'name = "file-run"\nrounds = 7\n[client]\nlr = 0.25\n'
-        '[privacy]\ntarget_epsilon = 4.0\ndelta = 1e-6\n',
+        'name = "file-run"\nrounds = 7\n[client]\nlr = 0.25\n[privacy]\ntarget_epsilon = 4.0\ndelta = 1e-6\n',
         encoding="utf-8",
     )
     cfg = load_config(p)
@@ -209,6 +214,7 @@ def test_bad_key_in_file_names_the_key(tmp_path):
 
 
 # --- round trip and defaults ---------------------------------------------------------
+
 
 def test_default_round_trips_through_toml():
     cfg = Config()
@@ -265,6 +271,7 @@ def test_assignment_is_validated():
 
 # --- population ----------------------------------------------------------------------
 
+
 def test_validate_population():
     cfg = config_from_dict({"sampling": {"cohort_size": 40}})
     cfg.validate_population(40)  # K̄ = N is allowed
@@ -279,8 +286,10 @@ def test_validate_population():
 
 def test_set_scheme_drops_group_keys_from_the_file(tmp_path):
     p = tmp_path / "g.toml"
-    p.write_text('[sampling]\nscheme = "epochs"\ncohort_size = 10\nmin_sep = 4\nmax_participations = 2\n'
-                 '[privacy]\nmechanism = "dense"\ntarget_epsilon = 3.0\n')
+    p.write_text(
+        '[sampling]\nscheme = "epochs"\ncohort_size = 10\nmin_sep = 4\nmax_participations = 2\n'
+        '[privacy]\nmechanism = "dense"\ntarget_epsilon = 3.0\n'
+    )
     c = load_config(p, ["sampling.scheme='poisson'", "privacy.mechanism='gaussian'"])
     assert c.sampling.scheme == "poisson" and c.sampling.min_sep is None
     assert c.sampling.max_participations is None and c.privacy.target_epsilon == 3.0

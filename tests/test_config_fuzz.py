@@ -17,8 +17,12 @@ from fedsim.config import config_from_dict
 from fedsim.errors import FedsimError
 from fedsim.simulation import privacy_report
 
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @st.composite
@@ -27,17 +31,27 @@ def valid_configs(draw):
     n_pop = draw(st.integers(50, 3000))
     rounds = draw(st.integers(1, 40))
     family = draw(st.sampled_from(["poisson", "fixed", "none", "single", "epochs", "min_sep"]))
-    raw: dict = {"rounds": rounds, "seed": draw(st.integers(0, 2**31)),
-                 "client": {"clip_norm": draw(st.floats(0.01, 10)), "lr": draw(st.floats(0.001, 5)),
-                            "batch_size": draw(st.integers(1, 64))},
-                 "server": {"optimizer": draw(st.sampled_from(["sgd", "momentum", "adam"]))}}
+    raw: dict = {
+        "rounds": rounds,
+        "seed": draw(st.integers(0, 2**31)),
+        "client": {
+            "clip_norm": draw(st.floats(0.01, 10)),
+            "lr": draw(st.floats(0.001, 5)),
+            "batch_size": draw(st.integers(1, 64)),
+        },
+        "server": {"optimizer": draw(st.sampled_from(["sgd", "momentum", "adam"]))},
+    }
     z = draw(st.floats(0.3, 5.0))
     if family in ("poisson", "fixed", "none"):
-        raw["sampling"] = {"scheme": "poisson" if family == "none" else family,
-                           "cohort_size": draw(st.integers(1, n_pop // 2))}
-        raw["privacy"] = ({"mechanism": "none"} if family == "none" else
-                          {"mechanism": "gaussian", "noise_multiplier": z,
-                           "accountant": draw(st.sampled_from(["pld", "rdp"]))})
+        raw["sampling"] = {
+            "scheme": "poisson" if family == "none" else family,
+            "cohort_size": draw(st.integers(1, n_pop // 2)),
+        }
+        raw["privacy"] = (
+            {"mechanism": "none"}
+            if family == "none"
+            else {"mechanism": "gaussian", "noise_multiplier": z, "accountant": draw(st.sampled_from(["pld", "rdp"]))}
+        )
     else:
         mech = draw(st.sampled_from(["identity", "sqrt", "dense", "banded", "blt", "tree", "dpmf_plus"]))
         if family == "single":
@@ -65,12 +79,14 @@ def valid_configs(draw):
     extra = draw(st.sampled_from(["plain", "adaptive", "ef_client", "ef_server"]))
     dp = raw["privacy"]["mechanism"] != "none"
     if extra == "adaptive" and dp:
-        raw["clipping"] = {"adaptive": True, "count_stddev": 1000.0,
-                           "target_quantile": draw(st.floats(0.05, 0.95))}
+        raw["clipping"] = {"adaptive": True, "count_stddev": 1000.0, "target_quantile": draw(st.floats(0.05, 0.95))}
     elif extra == "ef_client":
         raw["client"]["error_feedback"] = "client"
-    elif extra == "ef_server" and raw["privacy"]["mechanism"] in ("gaussian", "none") \
-            and "target_epsilon" not in raw["privacy"]:
+    elif (
+        extra == "ef_server"
+        and raw["privacy"]["mechanism"] in ("gaussian", "none")
+        and "target_epsilon" not in raw["privacy"]
+    ):
         raw["client"]["error_feedback"] = "server"  # no guarantee: only with the explicit switch
         raw["privacy"]["allow_no_guarantee"] = True
     return raw, n_pop
@@ -91,19 +107,46 @@ def test_valid_configs_pass_fedsim_privacy(case):
 
 # (dotted key, bad value) — each must be rejected with the key named.
 BAD_VALUES = [
-    ("rounds", 0), ("rounds", "ten"), ("rounds", 1.5), ("rounds", True), ("seed", -1),
-    ("client.clip_norm", 0), ("client.clip_norm", "big"), ("client.lr", -0.1), ("client.batch_size", 0),
-    ("client.local_epochs", 0), ("client.max_examples", 0),
-    ("sampling.scheme", "stratified"), ("sampling.cohort_size", 0), ("sampling.cohort_size", "all"),
-    ("sampling.min_sep", 0), ("sampling.poisson_within_group", "yes"),
-    ("privacy.mechanism", "laplace"), ("privacy.delta", 1.5), ("privacy.delta", 0),
-    ("privacy.accountant", "gdp"), ("privacy.buffers", 0), ("privacy.objective", "mean"),
-    ("server.optimizer", "adamw"), ("server.lr", 0), ("server.momentum", 1.0),
-    ("eval.every", -1), ("sim.client_cpus", 0), ("sim.device", "tpu"), ("model.name", "gpt"),
-    ("data.name", "mnist"), ("data.max_users", 1), ("name", "has space"),
-    ("filter.name", "kalman"), ("filter.kappa", 0), ("filter.mode", "three_point"),
-    ("clipping.target_quantile", 1.0), ("clipping.lr", 0), ("clipping.count_stddev", -1.0),
-    ("client.error_feedback", "both"), ("client.ef_clip_norm", 0),
+    ("rounds", 0),
+    ("rounds", "ten"),
+    ("rounds", 1.5),
+    ("rounds", True),
+    ("seed", -1),
+    ("client.clip_norm", 0),
+    ("client.clip_norm", "big"),
+    ("client.lr", -0.1),
+    ("client.batch_size", 0),
+    ("client.local_epochs", 0),
+    ("client.max_examples", 0),
+    ("sampling.scheme", "stratified"),
+    ("sampling.cohort_size", 0),
+    ("sampling.cohort_size", "all"),
+    ("sampling.min_sep", 0),
+    ("sampling.poisson_within_group", "yes"),
+    ("privacy.mechanism", "laplace"),
+    ("privacy.delta", 1.5),
+    ("privacy.delta", 0),
+    ("privacy.accountant", "gdp"),
+    ("privacy.buffers", 0),
+    ("privacy.objective", "mean"),
+    ("server.optimizer", "adamw"),
+    ("server.lr", 0),
+    ("server.momentum", 1.0),
+    ("eval.every", -1),
+    ("sim.client_cpus", 0),
+    ("sim.device", "tpu"),
+    ("model.name", "gpt"),
+    ("data.name", "mnist"),
+    ("data.max_users", 1),
+    ("name", "has space"),
+    ("filter.name", "kalman"),
+    ("filter.kappa", 0),
+    ("filter.mode", "three_point"),
+    ("clipping.target_quantile", 1.0),
+    ("clipping.lr", 0),
+    ("clipping.count_stddev", -1.0),
+    ("client.error_feedback", "both"),
+    ("client.ef_clip_norm", 0),
 ]
 
 
@@ -130,8 +173,11 @@ def test_invalid_values_name_the_key(case, bad):
 
 
 @FUZZ
-@given(valid_configs(), st.sampled_from(["", "client.", "sampling.", "privacy.", "server.", "sim."]),
-       st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=3, max_size=12))
+@given(
+    valid_configs(),
+    st.sampled_from(["", "client.", "sampling.", "privacy.", "server.", "sim."]),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=3, max_size=12),
+)
 def test_unknown_keys_name_the_key(case, prefix, name):
     raw, _ = case
     from fedsim.config import Config
@@ -161,12 +207,35 @@ def test_population_dependent_errors_are_user_errors(case, tiny_pop):
 
 # ---------------------------------------------------------------- CLI arguments
 #: Tokens the CLI fuzzer draws from: flags, values (valid and not), --set items.
-CLI_TOKENS = ["--set", "--json", "--population", "--out", "--resume", "--force", "--quiet", "0", "-3",
-              "12", "abc", "rounds=abc", "rounds=0", "rounds=5", "privacy.mechanism='laplace'",
-              "sampling.cohort_size=10", "client.clip_norm=0", "nosuch.key=1", "=", "a..b=1",
-              "privacy.noise_multiplier=1.0", "privacy.target_epsilon=-1", "/nonexistent/dir",
-              "filter.name='disk'", "clipping.adaptive=true", "client.error_feedback='server'",
-              "experiments/does_not_exist.toml"]
+CLI_TOKENS = [
+    "--set",
+    "--json",
+    "--population",
+    "--out",
+    "--resume",
+    "--force",
+    "--quiet",
+    "0",
+    "-3",
+    "12",
+    "abc",
+    "rounds=abc",
+    "rounds=0",
+    "rounds=5",
+    "privacy.mechanism='laplace'",
+    "sampling.cohort_size=10",
+    "client.clip_norm=0",
+    "nosuch.key=1",
+    "=",
+    "a..b=1",
+    "privacy.noise_multiplier=1.0",
+    "privacy.target_epsilon=-1",
+    "/nonexistent/dir",
+    "filter.name='disk'",
+    "clipping.adaptive=true",
+    "client.error_feedback='server'",
+    "experiments/does_not_exist.toml",
+]
 
 
 @FUZZ

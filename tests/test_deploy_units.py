@@ -41,8 +41,13 @@ def test_shards_partition_the_users_disjointly_and_completely(tmp_path):
 
 
 def _reply(names, dims=None):
-    return {"names": names, "num_train": [10 + i for i in range(len(names))], "num_test": [1] * len(names),
-            "dims": dims or {"vocab_size": 96}, "task": "char"}
+    return {
+        "names": names,
+        "num_train": [10 + i for i in range(len(names))],
+        "num_test": [1] * len(names),
+        "dims": dims or {"vocab_size": 96},
+        "task": "char",
+    }
 
 
 def test_census_orders_users_by_name_and_refuses_a_user_on_two_nodes():
@@ -68,15 +73,17 @@ def test_strategy_routes_each_user_to_its_owner_with_local_indices():
 
 
 def test_run_config_reads_fedsim_keys_and_refuses_unknown(tmp_path):
-    cfg, out, nodes, timeout = parse_run_config({"set": "rounds=3; data.max_users=40", "min-nodes": 3,
-                                                 "out-dir": str(tmp_path / "r")}, ROOT)
+    cfg, out, nodes, timeout = parse_run_config(
+        {"set": "rounds=3; data.max_users=40", "min-nodes": 3, "out-dir": str(tmp_path / "r")}, ROOT
+    )
     assert cfg.rounds == 3 and cfg.data.max_users == 40 and nodes == 3 and out == tmp_path / "r"
     assert cfg.name == "shakespeare_default" and timeout == 600.0
     with pytest.raises(FedsimError, match="unknown key"):
         parse_run_config({"rounds": 3}, ROOT)
     with pytest.raises(FedsimError, match="not available in deployment"):
-        parse_run_config({"set": "client.error_feedback='client';privacy.mechanism='gaussian';"
-                                 "sampling.scheme='poisson'"}, ROOT)
+        parse_run_config(
+            {"set": "client.error_feedback='client';privacy.mechanism='gaussian';sampling.scheme='poisson'"}, ROOT
+        )
     with pytest.raises(FedsimError, match="no such file"):
         parse_run_config({"config": "nope.toml"}, ROOT)
 

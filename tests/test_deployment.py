@@ -92,13 +92,14 @@ class Processes:
         log.close()
 
     def stop_all(self) -> None:
-        for name in [n for n in self.procs if n.startswith("node")] + [n for n in self.procs if not n.startswith("node")]:
+        for name in [n for n in self.procs if n.startswith("node")] + [
+            n for n in self.procs if not n.startswith("node")
+        ]:
             self.stop(name)
 
 
 def _flwr(env: dict[str, str], *args: str, timeout: float = 120.0, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "flwr"), *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([str(BIN / "flwr"), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def _wait_refused(procs: Processes, name: str, limit: float = 90.0) -> tuple[int | None, float]:
@@ -122,16 +123,32 @@ def federation(tmp_path):
     home.mkdir()
     logs = tmp_path / "logs"
     logs.mkdir()
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "FEDSIM_CACHE": str(tmp_path / "cache"), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "FEDSIM_CACHE": str(tmp_path / "cache"),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     link_port = _free_port()
-    (home / "config.toml").write_text(f'[superlink]\ndefault = "{CONN}"\n\n[superlink.{CONN}]\n'
-                                      f'address = "127.0.0.1:{link_port}"\nroot-certificates = "{certs / "ca.pem"}"\n')
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONN}"\n\n[superlink.{CONN}]\n'
+        f'address = "127.0.0.1:{link_port}"\nroot-certificates = "{certs / "ca.pem"}"\n'
+    )
     procs = Processes(env, logs)
     node_ports = [_free_port() for _ in range(NODES + 3)]
-    state = {"certs": certs, "env": env, "procs": procs, "link_port": link_port, "node_ports": node_ports,
-             "tmp": tmp_path}
+    state = {
+        "certs": certs,
+        "env": env,
+        "procs": procs,
+        "link_port": link_port,
+        "node_ports": node_ports,
+        "tmp": tmp_path,
+    }
     try:
         yield state
     finally:
@@ -144,8 +161,16 @@ def federation(tmp_path):
 
 
 def _supernode_cmd(state: dict, port: int, extra: list[str]) -> list[str]:
-    return [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{state['link_port']}",
-            "--host", "127.0.0.1", "--port", str(port), *extra]
+    return [
+        str(BIN / "flower-supernode"),
+        "--superlink",
+        f"127.0.0.1:{state['link_port']}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra,
+    ]
 
 
 def test_tls_authenticated_federation_runs_fedsim_and_refuses_strangers(federation):
@@ -153,15 +178,33 @@ def test_tls_authenticated_federation_runs_fedsim_and_refuses_strangers(federati
     certs, env, procs, tmp = st["certs"], st["env"], st["procs"], st["tmp"]
     t_start = time.monotonic()
     # Each node holds its own users; the simulation gets their union (identical users and data).
-    folders = [generate(tmp / "data" / f"node-{i}", users=USERS_PER_NODE, per_user=12, first_id=USERS_PER_NODE * i)
-               for i in range(NODES)]
+    folders = [
+        generate(tmp / "data" / f"node-{i}", users=USERS_PER_NODE, per_user=12, first_id=USERS_PER_NODE * i)
+        for i in range(NODES)
+    ]
     union = generate(tmp / "data" / "all", users=USERS_PER_NODE * NODES, per_user=12)
 
-    procs.start("superlink", [
-        str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(certs / "ca.pem"),
-        "--ssl-certfile", str(certs / "server.pem"), "--ssl-keyfile", str(certs / "server.key"),
-        "--enable-supernode-auth", "--disable-runtime-dependency-installation", "--isolation", "subprocess",
-        "--host", "127.0.0.1", "--port", str(st["link_port"])], tmp / "link")
+    procs.start(
+        "superlink",
+        [
+            str(BIN / "flower-superlink"),
+            "--ssl-ca-certfile",
+            str(certs / "ca.pem"),
+            "--ssl-certfile",
+            str(certs / "server.pem"),
+            "--ssl-keyfile",
+            str(certs / "server.key"),
+            "--enable-supernode-auth",
+            "--disable-runtime-dependency-installation",
+            "--isolation",
+            "subprocess",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(st["link_port"]),
+        ],
+        tmp / "link",
+    )
     ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
     deadline = time.monotonic() + 60
     while True:
@@ -181,11 +224,30 @@ def test_tls_authenticated_federation_runs_fedsim_and_refuses_strangers(federati
         reg = _flwr(env, "supernode", "register", str(certs / f"node-{i}.pub"), CONN, "--format", "json")
         assert reg.returncode == 0 and json.loads(reg.stdout)["success"], reg.stdout + reg.stderr
     for i in range(NODES):
-        procs.start(f"node-{i}", _supernode_cmd(st, st["node_ports"][i], [
-            "--root-certificates", str(certs / "ca.pem"), "--auth-supernode-private-key", str(certs / f"node-{i}"),
-            "--node-config", f'data-root="{folders[i]}"',
-            "--ssl-certfile", str(certs / f"node-{i}-tls.pem"), "--ssl-keyfile", str(certs / f"node-{i}-tls.key"),
-            "--ssl-ca-certfile", str(certs / "ca.pem"), "--max-retries", "10"]), tmp / f"node-{i}")
+        procs.start(
+            f"node-{i}",
+            _supernode_cmd(
+                st,
+                st["node_ports"][i],
+                [
+                    "--root-certificates",
+                    str(certs / "ca.pem"),
+                    "--auth-supernode-private-key",
+                    str(certs / f"node-{i}"),
+                    "--node-config",
+                    f'data-root="{folders[i]}"',
+                    "--ssl-certfile",
+                    str(certs / f"node-{i}-tls.pem"),
+                    "--ssl-keyfile",
+                    str(certs / f"node-{i}-tls.key"),
+                    "--ssl-ca-certfile",
+                    str(certs / "ca.pem"),
+                    "--max-retries",
+                    "10",
+                ],
+            ),
+            tmp / f"node-{i}",
+        )
     deadline = time.monotonic() + 120
     while True:
         ls = _flwr(env, "supernode", "list", CONN, "--format", "json")
@@ -197,10 +259,17 @@ def test_tls_authenticated_federation_runs_fedsim_and_refuses_strangers(federati
 
     run_dir = tmp / "deployed-run"
     t_run = time.monotonic()
-    run = _flwr(env, "run", str(ROOT), CONN, "--stream", "--run-config",
-                f'config="experiments/stackoverflow_nwp_fixture.toml" '
-                f'set="data.root=\'{union}\';{OVERRIDES}" out-dir="{run_dir}" min-nodes={NODES} census-timeout=120',
-                timeout=900)
+    run = _flwr(
+        env,
+        "run",
+        str(ROOT),
+        CONN,
+        "--stream",
+        "--run-config",
+        f'config="experiments/stackoverflow_nwp_fixture.toml" '
+        f'set="data.root=\'{union}\';{OVERRIDES}" out-dir="{run_dir}" min-nodes={NODES} census-timeout=120',
+        timeout=900,
+    )
     run_seconds = time.monotonic() - t_run
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     run_id = re.search(r"Successfully started run (\d+)", run.stdout + run.stderr).group(1)
@@ -224,9 +293,25 @@ def test_tls_authenticated_federation_runs_fedsim_and_refuses_strangers(federati
 
     # The same config in simulation, on the union of the nodes' data: the same ε.
     sim_dir = tmp / "simulated-run"
-    sim = subprocess.run([sys.executable, "-m", "fedsim.cli", "run", str(ROOT / "experiments/stackoverflow_nwp_fixture.toml"),
-                          "--set", f"data.root='{union}'", *[a for o in OVERRIDES.split(";") for a in ("--set", o)],
-                          "--out", str(sim_dir), "--quiet"], env=env, capture_output=True, text=True, timeout=600)
+    sim = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedsim.cli",
+            "run",
+            str(ROOT / "experiments/stackoverflow_nwp_fixture.toml"),
+            "--set",
+            f"data.root='{union}'",
+            *[a for o in OVERRIDES.split(";") for a in ("--set", o)],
+            "--out",
+            str(sim_dir),
+            "--quiet",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert sim.returncode == 0, sim.stderr[-3000:]
     simulated = json.loads((sim_dir / "summary.json").read_text())
     assert dep["epsilon"] == simulated["epsilon"] and dep["delta"] == simulated["delta"]
@@ -236,14 +321,29 @@ def test_tls_authenticated_federation_runs_fedsim_and_refuses_strangers(federati
     # differ only in the secret noise/sampling seed; 3 noisy rounds move the loss little.
     d, s = dep["final_eval_metrics"], simulated["final_eval_metrics"]
     assert abs(d["eval_loss"] - s["eval_loss"]) < 0.25, (d, s)
-    print(f"\ndeployment: flwr run {run_seconds:.1f} s, whole happy path {time.monotonic() - t_start:.1f} s; "
-          f"eval_loss deployed {d['eval_loss']:.4f} vs simulated {s['eval_loss']:.4f}; ε {dep['epsilon']:.4f}")
+    print(
+        f"\ndeployment: flwr run {run_seconds:.1f} s, whole happy path {time.monotonic() - t_start:.1f} s; "
+        f"eval_loss deployed {d['eval_loss']:.4f} vs simulated {s['eval_loss']:.4f}; ε {dep['epsilon']:.4f}"
+    )
 
     # Refusals. (a) a node whose key was never registered.
     spare = st["node_ports"][NODES:]
-    procs.start("rogue", _supernode_cmd(st, spare[0], [
-        "--root-certificates", str(certs / "ca.pem"), "--auth-supernode-private-key", str(certs / "rogue"),
-        "--max-retries", "3"]), tmp / "rogue")
+    procs.start(
+        "rogue",
+        _supernode_cmd(
+            st,
+            spare[0],
+            [
+                "--root-certificates",
+                str(certs / "ca.pem"),
+                "--auth-supernode-private-key",
+                str(certs / "rogue"),
+                "--max-retries",
+                "3",
+            ],
+        ),
+        tmp / "rogue",
+    )
     rc, secs = _wait_refused(procs, "rogue")
     assert rc not in (None, 0) and "Failed to activate SuperNode" in procs.log("rogue"), procs.log("rogue")[-2000:]
     procs.stop("rogue")
@@ -254,9 +354,22 @@ def test_tls_authenticated_federation_runs_fedsim_and_refuses_strangers(federati
     assert "Giving up reconnection" in procs.log("plaintext") or "retrying" in procs.log("plaintext")
     procs.stop("plaintext")
     # (c) a node that trusts another CA: the TLS handshake fails.
-    procs.start("wrong_ca", _supernode_cmd(st, spare[2], [
-        "--root-certificates", str(tmp / "other" / "ca.pem"), "--auth-supernode-private-key", str(certs / "node-0"),
-        "--max-retries", "3"]), tmp / "wrong")
+    procs.start(
+        "wrong_ca",
+        _supernode_cmd(
+            st,
+            spare[2],
+            [
+                "--root-certificates",
+                str(tmp / "other" / "ca.pem"),
+                "--auth-supernode-private-key",
+                str(certs / "node-0"),
+                "--max-retries",
+                "3",
+            ],
+        ),
+        tmp / "wrong",
+    )
     rc, secs = _wait_refused(procs, "wrong_ca")
     assert rc not in (None, 0) and "CERTIFICATE_VERIFY_FAILED" in procs.log("wrong_ca"), procs.log("wrong_ca")[-2000:]
     procs.stop("wrong_ca")

@@ -96,5 +96,6 @@ def test_config_lookahead_gamma_and_default_mode():
     assert cfg.filter.mode == "two_point" and cfg.filter.gamma is None
     load_config(None, ["filter.name='disk'", "server.optimizer='sgd'", "filter.mode='lookahead'"])
     with pytest.raises(FedsimError, match="lookahead"):
-        load_config(None, ["filter.name='disk'", "server.optimizer='sgd'", "filter.mode='lookahead'",
-                           "filter.gamma=0.5"])
+        load_config(
+            None, ["filter.name='disk'", "server.optimizer='sgd'", "filter.mode='lookahead'", "filter.gamma=0.5"]
+        )

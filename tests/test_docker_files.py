@@ -53,9 +53,13 @@ def test_compose_has_one_superlink_and_three_supernodes_all_tls_and_authenticate
     link = services["superlink"]
     assert link["build"]["dockerfile"] == "docker/Dockerfile.superlink" and link["image"]
     cmd = link["command"]
-    for flag in ("--ssl-ca-certfile=/certs/ca.pem", "--ssl-certfile=/certs/server.pem",
-                 "--ssl-keyfile=/certs/server.key", "--enable-supernode-auth",
-                 "--disable-runtime-dependency-installation"):
+    for flag in (
+        "--ssl-ca-certfile=/certs/ca.pem",
+        "--ssl-certfile=/certs/server.pem",
+        "--ssl-keyfile=/certs/server.key",
+        "--enable-supernode-auth",
+        "--disable-runtime-dependency-installation",
+    ):
         assert flag in cmd
     port = next(a.split("=")[1] for a in cmd if a.startswith("--port="))
     assert f"{port}:{port}" in link["ports"]
@@ -69,8 +73,9 @@ def test_compose_has_one_superlink_and_three_supernodes_all_tls_and_authenticate
         assert f"--superlink=superlink:{port}" in cmd and "--root-certificates=/certs/ca.pem" in cmd
         assert f"--auth-supernode-private-key=/keys/node-{i}" in cmd
         assert f"--ssl-certfile=/certs/node-{i}-tls.pem" in cmd and f"--ssl-keyfile=/keys/node-{i}-tls.key" in cmd
-        assert any(a.startswith("--node-config=") and f'user-shard="{i}/3"' in a and 'data-root="/data"' in a
-                   for a in cmd)
+        assert any(
+            a.startswith("--node-config=") and f'user-shard="{i}/3"' in a and 'data-root="/data"' in a for a in cmd
+        )
         vols = node["volumes"]
         assert f"./certs/node-{i}:/keys/node-{i}:ro" in vols and "./certs/ca.pem:/certs/ca.pem:ro" in vols
         data = [v for v in vols if v.split(":")[1] == "/data"]

@@ -14,22 +14,33 @@ from fedsim.config import load_config
 pytestmark = pytest.mark.e2e
 
 BASE = [
-    "rounds=4", "data.max_users=24", "client.max_examples=8", "eval.every=0", "eval.max_users=4",
-    "eval.max_examples_per_user=4", "sim.num_workers=2", "privacy.noise_multiplier=2.0",
-    "sampling.scheme='epochs'", "sampling.min_sep=2", "sampling.max_participations=2",
+    "rounds=4",
+    "data.max_users=24",
+    "client.max_examples=8",
+    "eval.every=0",
+    "eval.max_users=4",
+    "eval.max_examples_per_user=4",
+    "sim.num_workers=2",
+    "privacy.noise_multiplier=2.0",
+    "sampling.scheme='epochs'",
+    "sampling.min_sep=2",
+    "sampling.max_participations=2",
     "sampling.assignment='keyed'",  # K̄ = 24/2 = 12 derived; group sizes vary, every user in one group
 ]
 
 
-@pytest.mark.parametrize("mechanism,extra", [
-    ("identity", []),
-    ("tree", []),
-    ("sqrt", []),
-    ("dense", []),
-    ("dpmf_plus", ["privacy.tau=2"]),
-    ("banded", ["sampling.scheme='min_sep'", "privacy.bands=2"]),
-    ("blt", ["privacy.buffers=2"]),
-])
+@pytest.mark.parametrize(
+    "mechanism,extra",
+    [
+        ("identity", []),
+        ("tree", []),
+        ("sqrt", []),
+        ("dense", []),
+        ("dpmf_plus", ["privacy.tau=2"]),
+        ("banded", ["sampling.scheme='min_sep'", "privacy.bands=2"]),
+        ("blt", ["privacy.buffers=2"]),
+    ],
+)
 def test_mechanism_runs_three_rounds(tmp_path, mechanism, extra):
     from fedsim.simulation import prepare, run_experiment
 

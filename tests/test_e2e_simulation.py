@@ -47,8 +47,15 @@ def test_run_folder_ledger_and_epsilon(tmp_path):
     out = tmp_path / "run"
     summary = run_experiment(cfg, out, progress=False)
 
-    for name in ("config.toml", "metrics.jsonl", "ledger.json", "summary.json",
-                 "checkpoint/checkpoint.pt", "plots/accuracy.png", "plots/epsilon.png"):
+    for name in (
+        "config.toml",
+        "metrics.jsonl",
+        "ledger.json",
+        "summary.json",
+        "checkpoint/checkpoint.pt",
+        "plots/accuracy.png",
+        "plots/epsilon.png",
+    ):
         assert (out / name).exists(), name
 
     rows = _rows(out)
@@ -64,8 +71,9 @@ def test_run_folder_ledger_and_epsilon(tmp_path):
     delta = 1 / N**1.1
     for r in rows:
         acc = PLDAccountant()
-        acc.compose(dp_event.SelfComposedDpEvent(
-            dp_event.PoissonSampledDpEvent(K / N, dp_event.GaussianDpEvent(z)), r["round"]))
+        acc.compose(
+            dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(K / N, dp_event.GaussianDpEvent(z)), r["round"])
+        )
         assert r["epsilon"] == pytest.approx(acc.get_epsilon(delta), rel=1e-8)
 
     ledger = json.loads((out / "ledger.json").read_text())
@@ -97,10 +105,19 @@ def test_hostile_clients_are_dropped_or_reclipped(tmp_path):
     from clients.faults import make_faulty_client_app
     from fedsim.simulation import run_experiment
 
-    cfg = load_config(None, [b for b in BASE if not b.startswith("sim.")] + [
-        "privacy.mechanism='none'", "sampling.scheme='fixed'", "sampling.cohort_size=12",
-        "sim.num_workers=6", "sim.client_cpus=0.5", "checkpoint.every=1", "rounds=2",
-    ])
+    cfg = load_config(
+        None,
+        [b for b in BASE if not b.startswith("sim.")]
+        + [
+            "privacy.mechanism='none'",
+            "sampling.scheme='fixed'",
+            "sampling.cohort_size=12",
+            "sim.num_workers=6",
+            "sim.client_cpus=0.5",
+            "checkpoint.every=1",
+            "rounds=2",
+        ],
+    )
     out = tmp_path / "hostile"
     app = make_faulty_client_app({0: "nan", 1: "shape", 2: "huge", 3: "dtype", 4: "noarrays"})
     run_experiment(cfg, out, progress=False, client_app=app)
@@ -130,10 +147,20 @@ def test_slow_client_past_the_round_timeout_is_counted_missing(tmp_path):
     from clients.faults import SLOW_ROUND, make_faulty_client_app
     from fedsim.simulation import run_experiment
 
-    cfg = load_config(None, [b for b in BASE if not b.startswith("sim.")] + [
-        "sampling.scheme='fixed'", "sampling.cohort_size=8", "privacy.noise_multiplier=1.0",
-        "sim.num_workers=2", "sim.client_cpus=1", "rounds=3", "eval.every=0", "sim.round_timeout=40",
-    ])
+    cfg = load_config(
+        None,
+        [b for b in BASE if not b.startswith("sim.")]
+        + [
+            "sampling.scheme='fixed'",
+            "sampling.cohort_size=8",
+            "privacy.noise_multiplier=1.0",
+            "sim.num_workers=2",
+            "sim.client_cpus=1",
+            "rounds=3",
+            "eval.every=0",
+            "sim.round_timeout=40",
+        ],
+    )
     out = tmp_path / "slow"
     run_experiment(cfg, out, progress=False, client_app=make_faulty_client_app({0: "slow"}))
     rows = _rows(out)
@@ -153,10 +180,19 @@ def test_client_exceptions_and_wrong_user_claims_are_dropped(tmp_path):
     from clients.faults import make_faulty_client_app
     from fedsim.simulation import run_experiment
 
-    cfg = load_config(None, [b for b in BASE if not b.startswith("sim.")] + [
-        "sampling.scheme='fixed'", "sampling.cohort_size=12", "privacy.noise_multiplier=1.0",
-        "sim.num_workers=4", "sim.client_cpus=0.5", "rounds=2", "eval.every=0",
-    ])
+    cfg = load_config(
+        None,
+        [b for b in BASE if not b.startswith("sim.")]
+        + [
+            "sampling.scheme='fixed'",
+            "sampling.cohort_size=12",
+            "privacy.noise_multiplier=1.0",
+            "sim.num_workers=4",
+            "sim.client_cpus=0.5",
+            "rounds=2",
+            "eval.every=0",
+        ],
+    )
     out = tmp_path / "faults"
     run_experiment(cfg, out, progress=False, client_app=make_faulty_client_app({0: "error", 1: "users"}))
     rows = _rows(out)
@@ -179,13 +215,21 @@ def test_too_few_valid_replies_stops_the_run_before_noise(tmp_path):
     from fedsim.errors import FedsimError
     from fedsim.simulation import run_experiment
 
-    cfg = load_config(None, [b for b in BASE if not b.startswith("sim.")] + [
-        "sampling.scheme='fixed'", "sampling.cohort_size=12", "privacy.noise_multiplier=1.0",
-        "sim.num_workers=4", "sim.client_cpus=0.5", "sim.min_valid_replies=2", "rounds=2",
-    ])
+    cfg = load_config(
+        None,
+        [b for b in BASE if not b.startswith("sim.")]
+        + [
+            "sampling.scheme='fixed'",
+            "sampling.cohort_size=12",
+            "privacy.noise_multiplier=1.0",
+            "sim.num_workers=4",
+            "sim.client_cpus=0.5",
+            "sim.min_valid_replies=2",
+            "rounds=2",
+        ],
+    )
     out = tmp_path / "stopped"
     with pytest.raises(FedsimError, match="min_valid_replies"):
-        run_experiment(cfg, out, progress=False,
-                       client_app=make_faulty_client_app({0: "nan", 1: "shape", 2: "error"}))
+        run_experiment(cfg, out, progress=False, client_app=make_faulty_client_app({0: "nan", 1: "shape", 2: "error"}))
     assert _rows(out) == []
     assert not (out / "summary.json").exists()

@@ -11,17 +11,29 @@ import pytest
 from fedsim.config import load_config
 
 BASE = [
-    "rounds=3", "sampling.scheme='poisson'", "privacy.mechanism='gaussian'", "privacy.noise_multiplier=1.0",
-    "model.name='shakespeare_lstm_small'", "data.max_users=30", "sampling.cohort_size=8",
-    "client.max_examples=16", "client.batch_size=8", "eval.every=1", "eval.max_users=8",
-    "eval.max_examples_per_user=8", "sim.num_workers=2", "sim.client_cpus=1",
+    "rounds=3",
+    "sampling.scheme='poisson'",
+    "privacy.mechanism='gaussian'",
+    "privacy.noise_multiplier=1.0",
+    "model.name='shakespeare_lstm_small'",
+    "data.max_users=30",
+    "sampling.cohort_size=8",
+    "client.max_examples=16",
+    "client.batch_size=8",
+    "eval.every=1",
+    "eval.max_users=8",
+    "eval.max_examples_per_user=8",
+    "sim.num_workers=2",
+    "sim.client_cpus=1",
 ]
 TIMING = {"seconds"}
 
 
 def _rows(path):
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
-            for line in (path / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in TIMING}
+        for line in (path / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 @pytest.mark.e2e
@@ -69,12 +81,28 @@ def test_inprocess_grid_turns_exceptions_into_error_replies_and_drops_late_repli
     with task_identity():
         grid = InProcessGrid(app, 3)
         nodes = list(grid.get_node_ids())
-        msgs = [Message(RecordDict({"config": ConfigRecord({"mode": m})}), dst_node_id=n,
-                        message_type=MessageType.TRAIN, group_id="g") for n, m in zip(nodes, ("ok", "raise", "slow"))]
+        msgs = [
+            Message(
+                RecordDict({"config": ConfigRecord({"mode": m})}),
+                dst_node_id=n,
+                message_type=MessageType.TRAIN,
+                group_id="g",
+            )
+            for n, m in zip(nodes, ("ok", "raise", "slow"))
+        ]
         replies = list(grid.send_and_receive(msgs, timeout=0.2))
-        ids = list(grid.push_messages([Message(RecordDict({"config": ConfigRecord({"mode": "ok"})}),
-                                               dst_node_id=nodes[2], message_type=MessageType.TRAIN,
-                                               group_id="h")]))
+        ids = list(
+            grid.push_messages(
+                [
+                    Message(
+                        RecordDict({"config": ConfigRecord({"mode": "ok"})}),
+                        dst_node_id=nodes[2],
+                        message_type=MessageType.TRAIN,
+                        group_id="h",
+                    )
+                ]
+            )
+        )
         pulled = list(grid.pull_messages(ids))
         assert len(pulled) == 1 and pulled[0].metadata.reply_to_message_id == ids[0]
         assert list(grid.pull_messages(ids)) == []  # each reply is delivered once
@@ -88,9 +116,19 @@ def test_account_every_skips_intermediate_epsilons_but_not_the_final_one(tmp_pat
     from fedsim.privacy.ledger import recompute_epsilon
     from fedsim.simulation import run_experiment
 
-    base = ["data.name='synthetic'", "data.num_clients=60", "model.name='logreg'", "rounds=5",
-            "sampling.scheme='poisson'", "sampling.cohort_size=10", "privacy.mechanism='gaussian'",
-            "privacy.noise_multiplier=1.0", "eval.every=0", "eval.max_users=5", "sim.num_workers=1"]
+    base = [
+        "data.name='synthetic'",
+        "data.num_clients=60",
+        "model.name='logreg'",
+        "rounds=5",
+        "sampling.scheme='poisson'",
+        "sampling.cohort_size=10",
+        "privacy.mechanism='gaussian'",
+        "privacy.noise_multiplier=1.0",
+        "eval.every=0",
+        "eval.max_users=5",
+        "sim.num_workers=1",
+    ]
     every = run_experiment(load_config(None, base), tmp_path / "a", progress=False)
     sparse = run_experiment(load_config(None, base + ["privacy.account_every=3"]), tmp_path / "b", progress=False)
     assert every["epsilon"] == sparse["epsilon"] and every["model_sha256"] == sparse["model_sha256"]

@@ -15,10 +15,18 @@ from test_cli import run_cli
 
 #: Inputs the fuzz tests tried (reported by the last test of this module).
 TRIED: dict[str, int] = {"filesystem": 0, "numeric": 0}
-FUZZ_FS = settings(max_examples=60, deadline=None, derandomize=True,
-                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-FUZZ_NUM = settings(max_examples=50, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ_FS = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+FUZZ_NUM = settings(
+    max_examples=50,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 def _run(capsys, *args):
@@ -44,8 +52,9 @@ def test_factorize_dense_20000_is_refused_in_under_5_seconds(capsys):
 
 @pytest.mark.parametrize("kind", ["binary", "directory", "devnull", "empty"])
 def test_bad_config_files_give_one_line(capsys, tmp_path, kind):
-    path = {"binary": tmp_path / "b.toml", "directory": tmp_path, "devnull": "/dev/null",
-            "empty": tmp_path / "e.toml"}[kind]
+    path = {"binary": tmp_path / "b.toml", "directory": tmp_path, "devnull": "/dev/null", "empty": tmp_path / "e.toml"}[
+        kind
+    ]
     if kind == "binary":
         path.write_bytes(bytes(range(256)) * 4)
     if kind == "empty":
@@ -59,8 +68,12 @@ def test_bad_config_files_give_one_line(capsys, tmp_path, kind):
 def test_bad_out_folders_are_refused_before_any_data_is_loaded(capsys, tmp_path, kind):
     if kind == "readonly" and os.geteuid() == 0:
         pytest.skip("root can write into read-only folders")
-    target = {"file": tmp_path / "f", "devnull": "/dev/null", "proc": "/proc/fedsim-run",
-              "readonly": tmp_path / "ro" / "run"}[kind]
+    target = {
+        "file": tmp_path / "f",
+        "devnull": "/dev/null",
+        "proc": "/proc/fedsim-run",
+        "readonly": tmp_path / "ro" / "run",
+    }[kind]
     if kind == "file":
         target.write_text("x")
     if kind == "readonly":
@@ -95,34 +108,69 @@ def test_deploy_certs_with_a_bad_host_leaves_nothing_and_a_retry_works(capsys, t
 
 
 @FUZZ_FS
-@given(st.sampled_from(["binary", "empty", "directory", "dangling-symlink", "garbage-toml", "unknown-key",
-                        "wrong-type", "huge-number", "nan", "deep-table"]),
-       st.sampled_from(["privacy", "run", "data"]), st.binary(min_size=0, max_size=64))
+@given(
+    st.sampled_from(
+        [
+            "binary",
+            "empty",
+            "directory",
+            "dangling-symlink",
+            "garbage-toml",
+            "unknown-key",
+            "wrong-type",
+            "huge-number",
+            "nan",
+            "deep-table",
+        ]
+    ),
+    st.sampled_from(["privacy", "run", "data"]),
+    st.binary(min_size=0, max_size=64),
+)
 def test_fuzz_filesystem_inputs_keep_the_contract(capsys, tmp_path_factory, kind, command, blob):
     TRIED["filesystem"] += 1
     d = tmp_path_factory.mktemp("fs")
     cfg = d / "c.toml"
-    contents = {"binary": b"\x00\xff" + blob, "empty": b"", "garbage-toml": b"[[[" + blob,
-                "unknown-key": b"zz = 1\n", "wrong-type": b"rounds = \"ten\"\n",
-                "huge-number": b"rounds = 99999999999999999999\n", "nan": b"[client]\nlr = nan\n",
-                "deep-table": b"[a.b.c.d]\nx = 1\n"}
+    contents = {
+        "binary": b"\x00\xff" + blob,
+        "empty": b"",
+        "garbage-toml": b"[[[" + blob,
+        "unknown-key": b"zz = 1\n",
+        "wrong-type": b'rounds = "ten"\n',
+        "huge-number": b"rounds = 99999999999999999999\n",
+        "nan": b"[client]\nlr = nan\n",
+        "deep-table": b"[a.b.c.d]\nx = 1\n",
+    }
     if kind == "directory":
         cfg = d
     elif kind == "dangling-symlink":
         cfg.symlink_to(d / "missing.toml")
     else:
         cfg.write_bytes(contents[kind])
-    args = {"privacy": ["privacy", str(cfg), "--population", "100"],
-            "run": ["run", str(cfg), "--out", str(d / "run")],
-            "data": ["data", "describe", str(cfg)]}[command]
+    args = {
+        "privacy": ["privacy", str(cfg), "--population", "100"],
+        "run": ["run", str(cfg), "--out", str(d / "run")],
+        "data": ["data", "describe", str(cfg)],
+    }[command]
     code, _, err = _run(capsys, *args)
     _one_line_error(code, err)
     assert not (d / "run" / "metrics.jsonl").exists()
 
 
-NUMERIC_KEYS = ["rounds", "client.lr", "client.clip_norm", "client.batch_size", "sampling.cohort_size",
-                "privacy.noise_multiplier", "privacy.target_epsilon", "privacy.delta", "server.lr", "seed",
-                "data.max_users", "eval.every", "sim.round_timeout"]
+NUMERIC_KEYS = [
+    "rounds",
+    "client.lr",
+    "client.clip_norm",
+    "client.batch_size",
+    "sampling.cohort_size",
+    "privacy.noise_multiplier",
+    "privacy.target_epsilon",
+    "privacy.delta",
+    "server.lr",
+    "seed",
+    "data.max_users",
+    "eval.every",
+    "sim.round_timeout",
+]
 EXTREMES = ["inf", "-inf", "nan", "1e308", "-1", "0", "-0.0", str(2**63), str(2**64), "1e-320", "'9'", "[]", "{}"]
 
 

@@ -116,14 +116,27 @@ def test_config_refusals():
     with pytest.raises(FedsimError, match="ef_clip_norm"):
         load_config(None, ["client.error_feedback='client'", "client.clip_norm=1.0", "client.ef_clip_norm=0.5"])
     with pytest.raises(FedsimError, match="matrix-factorization"):
-        load_config(None, ["client.error_feedback='server'", "sampling.scheme='epochs'",
-                           "privacy.mechanism='blt'"])
+        load_config(None, ["client.error_feedback='server'", "sampling.scheme='epochs'", "privacy.mechanism='blt'"])
     with pytest.raises(FedsimError, match="allow_no_guarantee"):
-        load_config(None, ["client.error_feedback='server'", "sampling.scheme='poisson'",
-                           "privacy.mechanism='gaussian'", "sampling.cohort_size=10"])
+        load_config(
+            None,
+            [
+                "client.error_feedback='server'",
+                "sampling.scheme='poisson'",
+                "privacy.mechanism='gaussian'",
+                "sampling.cohort_size=10",
+            ],
+        )
     with pytest.raises(FedsimError, match="adaptive"):
-        load_config(None, ["client.error_feedback='client'", "clipping.adaptive=true",
-                           "privacy.mechanism='gaussian'", "sampling.scheme='poisson'"])
+        load_config(
+            None,
+            [
+                "client.error_feedback='client'",
+                "clipping.adaptive=true",
+                "privacy.mechanism='gaussian'",
+                "sampling.scheme='poisson'",
+            ],
+        )
     # client error feedback works with MF noise
     load_config(None, ["client.error_feedback='client'", "sampling.scheme='epochs'", "privacy.mechanism='blt'"])
 
@@ -131,10 +144,25 @@ def test_config_refusals():
 def test_server_ef_label_in_fedsim_privacy(capsys):
     from test_cli import run_cli
 
-    args = ["privacy", "--population", "800", "--set", "client.error_feedback='server'", "--set",
-            "sampling.scheme='poisson'", "--set", "privacy.mechanism='gaussian'", "--set",
-            "privacy.noise_multiplier=1.0", "--set", "sampling.cohort_size=40", "--set", "rounds=5",
-            "--set", "privacy.allow_no_guarantee=true"]
+    args = [
+        "privacy",
+        "--population",
+        "800",
+        "--set",
+        "client.error_feedback='server'",
+        "--set",
+        "sampling.scheme='poisson'",
+        "--set",
+        "privacy.mechanism='gaussian'",
+        "--set",
+        "privacy.noise_multiplier=1.0",
+        "--set",
+        "sampling.cohort_size=40",
+        "--set",
+        "rounds=5",
+        "--set",
+        "privacy.allow_no_guarantee=true",
+    ]
     code, out, _ = run_cli(capsys, *args)
     assert code == 0 and "NO PRIVACY GUARANTEE" in out and "ε = inf" in out
     code, out, _ = run_cli(capsys, *args, "--json")

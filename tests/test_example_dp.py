@@ -79,8 +79,9 @@ def test_silo_ledger_records_and_recomputes():
     j = led.to_json()
     assert j["silos"]["0"]["participations"] == 2 and j["silos"]["1"]["participations"] == 1
     for s in j["silos"].values():
-        assert s["epsilon"] == pytest.approx(silo_epsilon(1.0, s["sample_rate"],
-                                                          s["steps_per_participation"] * s["participations"], 1e-5))
+        assert s["epsilon"] == pytest.approx(
+            silo_epsilon(1.0, s["sample_rate"], s["steps_per_participation"] * s["participations"], 1e-5)
+        )
     assert j["max_silo_epsilon"] == max(s["epsilon"] for s in j["silos"].values())
     other = SiloLedger(ExampleDP(1.0, 1.0), 1e-5, {0: (8, 0.125), 1: (4, 0.25)})
     other.load_state_dict(led.state_dict())
@@ -93,8 +94,15 @@ def test_config():
     with pytest.raises(FedsimError, match="example_noise_multiplier"):
         load_config(None, ["privacy.example_noise_multiplier=1.0"])
     with pytest.raises(FedsimError, match="DiSK"):
-        load_config(None, ["privacy.unit='example'", "privacy.example_noise_multiplier=1.0",
-                           "filter.name='disk'", "server.optimizer='sgd'"])
+        load_config(
+            None,
+            [
+                "privacy.unit='example'",
+                "privacy.example_noise_multiplier=1.0",
+                "filter.name='disk'",
+                "server.optimizer='sgd'",
+            ],
+        )
 
 
 @pytest.mark.e2e
@@ -104,12 +112,27 @@ def test_example_level_run_records_both_guarantees(tmp_path):
     from fedsim.simulation import run_experiment
 
     N, K, z = 20, 6, 1.2
-    cfg = load_config(None, [
-        "rounds=2", "sampling.scheme='poisson'", "privacy.mechanism='gaussian'", f"privacy.noise_multiplier={z}",
-        "model.name='shakespeare_lstm_small'", f"data.max_users={N}", f"sampling.cohort_size={K}",
-        "client.max_examples=16", "client.batch_size=8", "eval.every=1", "eval.max_users=4",
-        "eval.max_examples_per_user=8", "sim.num_workers=2", "privacy.unit='example'",
-        "privacy.example_noise_multiplier=1.0", "privacy.example_clip_norm=1.0"])
+    cfg = load_config(
+        None,
+        [
+            "rounds=2",
+            "sampling.scheme='poisson'",
+            "privacy.mechanism='gaussian'",
+            f"privacy.noise_multiplier={z}",
+            "model.name='shakespeare_lstm_small'",
+            f"data.max_users={N}",
+            f"sampling.cohort_size={K}",
+            "client.max_examples=16",
+            "client.batch_size=8",
+            "eval.every=1",
+            "eval.max_users=4",
+            "eval.max_examples_per_user=8",
+            "sim.num_workers=2",
+            "privacy.unit='example'",
+            "privacy.example_noise_multiplier=1.0",
+            "privacy.example_clip_norm=1.0",
+        ],
+    )
     out = tmp_path / "run"
     summary = run_experiment(cfg, out, progress=False)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -118,9 +141,10 @@ def test_example_level_run_records_both_guarantees(tmp_path):
     assert ex["accountant"].startswith("opacus") and ex["silos"]
     # Every silo's ε recomputes from its record; the max is what metrics and summary report.
     for s in ex["silos"].values():
-        assert s["epsilon"] == pytest.approx(silo_epsilon(1.0, s["sample_rate"],
-                                                          s["steps_per_participation"] * s["participations"],
-                                                          ex["delta"]), rel=1e-12)
+        assert s["epsilon"] == pytest.approx(
+            silo_epsilon(1.0, s["sample_rate"], s["steps_per_participation"] * s["participations"], ex["delta"]),
+            rel=1e-12,
+        )
     assert summary["example_epsilon_max"] == ex["max_silo_epsilon"] == rows[-1]["example_epsilon_max"] > 0
     assert sum(s["participations"] for s in ex["silos"].values()) == sum(r["cohort_size"] for r in rows)
     # The user-level guarantee is untouched by the silos' DP-SGD.

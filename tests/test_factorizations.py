@@ -387,9 +387,7 @@ def test_cache_key_covers_inputs() -> None:
     assert cache_key("dense", A=momentum(8, 0.1), tol=1e-10) != base
     assert cache_key("dense", A=prefix_sum(9), tol=1e-10) != base
     assert cache_key("dpmf_plus", A=S, tol=1e-10) != base
-    assert cache_key("dpmf_plus", A=S, tol=1e-10, tau=2) != cache_key(
-        "dpmf_plus", A=S, tol=1e-10, tau=3
-    )
+    assert cache_key("dpmf_plus", A=S, tol=1e-10, tau=2) != cache_key("dpmf_plus", A=S, tol=1e-10, tau=3)
 
 
 def test_cache_corrupt_file_recomputed(tmp_path: Path) -> None:

@@ -11,8 +11,7 @@ from scipy.signal import lfilter
 from fedsim.errors import FedsimError
 from fedsim.filters import PRESETS, DiskFilter, DopplerFilter, EMAFilter, Filter, IdentityFilter, make_filter
 
-ALL_PRESETS = ["momentum", "first_order_v1", "first_order_v2", "second_order",
-               "f1", "f2", "f3", "f4", "f5", "f6"]
+ALL_PRESETS = ["momentum", "first_order_v1", "first_order_v2", "second_order", "f1", "f2", "f3", "f4", "f5", "f6"]
 
 
 def run(f: Filter, xs: np.ndarray, dtype: torch.dtype = torch.float64) -> np.ndarray:
@@ -88,9 +87,17 @@ def test_variance_gain_row_with_correlated_noise():
         assert f.variance_gain_row(t, M) == pytest.approx(float(np.sum((H @ M)[t] ** 2)), rel=1e-12)
 
 
-@pytest.mark.parametrize("name,params", [("doppler", {"preset": p}) for p in ALL_PRESETS]
-                         + [("ema", {"kappa": 0.7}), ("ema", {"kappa": 0.25}), ("disk", {"mode": "two_point"}),
-                            ("none", {}), ("doppler", {"b": [0.6], "a": [-0.4]})])
+@pytest.mark.parametrize(
+    "name,params",
+    [("doppler", {"preset": p}) for p in ALL_PRESETS]
+    + [
+        ("ema", {"kappa": 0.7}),
+        ("ema", {"kappa": 0.25}),
+        ("disk", {"mode": "two_point"}),
+        ("none", {}),
+        ("doppler", {"b": [0.6], "a": [-0.4]}),
+    ],
+)
 def test_impulse_response_matches_stepping_unit_impulses(name, params):
     n = 25
     f = make_filter(name, **params)
@@ -103,14 +110,17 @@ def test_impulse_response_matches_stepping_unit_impulses(name, params):
     np.testing.assert_allclose(H.sum(axis=1), 1.0, atol=1e-12)  # unit DC at every t
 
 
-@pytest.mark.parametrize("b,a,key", [
-    ([0.1], [-1.0], "filter.a"),            # pole on the unit circle
-    ([0.1, 0.1], [-2.5, 1.7], "filter.a"),  # poles outside (roots of z^2 - 2.5 z + 1.7)
-    ([0.2], [0.5, -1.5], "filter.a"),       # z^2 + 0.5 z - 1.5: root at -1.5
-    ([0.2, 0.2], [-0.9], "filter.b"),       # DC gain 4
-    ([1.0, 1.0], [], "filter.b"),           # FIR DC gain 2
-    ([0.0, 0.1], [-0.9], "filter.b"),       # b_0 = 0: normaliser c_0 = 0
-])
+@pytest.mark.parametrize(
+    "b,a,key",
+    [
+        ([0.1], [-1.0], "filter.a"),  # pole on the unit circle
+        ([0.1, 0.1], [-2.5, 1.7], "filter.a"),  # poles outside (roots of z^2 - 2.5 z + 1.7)
+        ([0.2], [0.5, -1.5], "filter.a"),  # z^2 + 0.5 z - 1.5: root at -1.5
+        ([0.2, 0.2], [-0.9], "filter.b"),  # DC gain 4
+        ([1.0, 1.0], [], "filter.b"),  # FIR DC gain 2
+        ([0.0, 0.1], [-0.9], "filter.b"),  # b_0 = 0: normaliser c_0 = 0
+    ],
+)
 def test_unstable_or_non_unit_dc_refused(b, a, key):
     with pytest.raises(FedsimError, match=key):
         make_filter("doppler", b=b, a=a)
@@ -183,8 +193,16 @@ def test_disk_constants_and_helpers():
         np.testing.assert_allclose(run(make_filter("disk", mode=mode, kappa=0.8), xs), ema, atol=0)
 
 
-@pytest.mark.parametrize("name,params", [("doppler", {"preset": "second_order"}), ("doppler", {"preset": "f6"}),
-                                         ("ema", {"kappa": 0.3}), ("disk", {"mode": "two_point"}), ("none", {})])
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("doppler", {"preset": "second_order"}),
+        ("doppler", {"preset": "f6"}),
+        ("ema", {"kappa": 0.3}),
+        ("disk", {"mode": "two_point"}),
+        ("none", {}),
+    ],
+)
 def test_state_dict_round_trip_resumes_identically(name, params):
     xs = np.random.default_rng(6).normal(size=(20, 4))
     full = run(make_filter(name, **params), xs)
@@ -205,8 +223,9 @@ def test_state_dict_from_another_filter_refused():
         make_filter("ema").load_state_dict(state)
 
 
-@pytest.mark.parametrize("name,params", [("doppler", {"preset": "second_order"}), ("ema", {}),
-                                         ("disk", {}), ("none", {})])
+@pytest.mark.parametrize(
+    "name,params", [("doppler", {"preset": "second_order"}), ("ema", {}), ("disk", {}), ("none", {})]
+)
 def test_dtype_and_device_preserved_and_input_untouched(name, params):
     f = make_filter(name, **params)
     x64 = torch.randn(6, dtype=torch.float64)

@@ -11,8 +11,16 @@ from fedsim.errors import FedsimError
 from fedsim.privacy.noise import BLTNoise, GaussianNoise
 from fedsim.server import noise_variance_fn
 
-BASE = ["rounds=6", "data.max_users=24", "client.max_examples=8", "eval.every=0", "eval.max_users=4",
-        "eval.max_examples_per_user=4", "sim.num_workers=2", "privacy.noise_multiplier=1.5"]
+BASE = [
+    "rounds=6",
+    "data.max_users=24",
+    "client.max_examples=8",
+    "eval.every=0",
+    "eval.max_users=4",
+    "eval.max_examples_per_user=4",
+    "sim.num_workers=2",
+    "privacy.noise_multiplier=1.5",
+]
 
 
 @pytest.mark.parametrize("which", ["gaussian", "blt"])
@@ -45,14 +53,21 @@ def test_phi_matches_empirical_variance_of_filtered_noise(which, filt):
 def test_epsilon_unchanged_by_filter_and_optimizer():
     from fedsim.simulation import privacy_report
 
-    base = BASE + ["sampling.scheme='epochs'", "sampling.min_sep=3", "sampling.cohort_size=8",
-                   "privacy.mechanism='blt'"]
-    reports = [privacy_report(load_config(None, base + extra), 24) for extra in (
-        ["server.optimizer='sgd'"],
-        ["filter.name='doppler'", "server.optimizer='adambc'"],
-        ["filter.name='ema'", "server.optimizer='adam'"],
-        ["filter.name='disk'", "server.optimizer='yogi'"],
-    )]
+    base = BASE + [
+        "sampling.scheme='epochs'",
+        "sampling.min_sep=3",
+        "sampling.cohort_size=8",
+        "privacy.mechanism='blt'",
+    ]
+    reports = [
+        privacy_report(load_config(None, base + extra), 24)
+        for extra in (
+            ["server.optimizer='sgd'"],
+            ["filter.name='doppler'", "server.optimizer='adambc'"],
+            ["filter.name='ema'", "server.optimizer='adam'"],
+            ["filter.name='disk'", "server.optimizer='yogi'"],
+        )
+    ]
     assert all(r == reports[0] for r in reports)
 
 
@@ -65,9 +80,19 @@ def test_momentum_on_top_of_a_filter_is_refused():
 def test_blt_doppler_adambc_run(tmp_path):
     from fedsim.simulation import run_experiment
 
-    cfg = load_config(None, BASE + ["sampling.scheme='epochs'", "sampling.min_sep=3", "sampling.cohort_size=8",
-                                    "privacy.mechanism='blt'", "filter.name='doppler'",
-                                    "server.optimizer='adambc'", "server.lr=0.01"])
+    cfg = load_config(
+        None,
+        BASE
+        + [
+            "sampling.scheme='epochs'",
+            "sampling.min_sep=3",
+            "sampling.cohort_size=8",
+            "privacy.mechanism='blt'",
+            "filter.name='doppler'",
+            "server.optimizer='adambc'",
+            "server.lr=0.01",
+        ],
+    )
     summary = run_experiment(cfg, tmp_path / "run", progress=False)
     assert summary["rounds_completed"] == 6
     from fedsim.checkpoint import load_checkpoint

@@ -21,11 +21,21 @@ from fedsim.data.images import FederatedImages
 from fedsim.errors import FedsimError
 
 ROOT = Path(__file__).resolve().parents[1]
-FEMNIST_FEATURES = datasets.Features({"image": datasets.Image(), "writer_id": datasets.Value("string"),
-                                      "hsf_id": datasets.Value("int64"),
-                                      "character": datasets.ClassLabel(num_classes=62)})
-CIFAR_FEATURES = datasets.Features({"img": datasets.Image(), "fine_label": datasets.ClassLabel(num_classes=100),
-                                    "coarse_label": datasets.ClassLabel(num_classes=20)})
+FEMNIST_FEATURES = datasets.Features(
+    {
+        "image": datasets.Image(),
+        "writer_id": datasets.Value("string"),
+        "hsf_id": datasets.Value("int64"),
+        "character": datasets.ClassLabel(num_classes=62),
+    }
+)
+CIFAR_FEATURES = datasets.Features(
+    {
+        "img": datasets.Image(),
+        "fine_label": datasets.ClassLabel(num_classes=100),
+        "coarse_label": datasets.ClassLabel(num_classes=20),
+    }
+)
 
 
 def _femnist(n: int = 240, seed: int = 0, side: int = 28) -> datasets.Dataset:
@@ -34,17 +44,27 @@ def _femnist(n: int = 240, seed: int = 0, side: int = 28) -> datasets.Dataset:
     writers[-1] = "f9999_99"  # a writer with one row: dropped
     pixels = rng.integers(0, 256, size=(n, side, side), dtype=np.uint8)
     return datasets.Dataset.from_dict(
-        {"image": [Image.fromarray(p, mode="L") for p in pixels], "writer_id": writers,
-         "hsf_id": rng.integers(0, 8, size=n).tolist(), "character": rng.integers(0, 62, size=n).tolist()},
-        features=FEMNIST_FEATURES)
+        {
+            "image": [Image.fromarray(p, mode="L") for p in pixels],
+            "writer_id": writers,
+            "hsf_id": rng.integers(0, 8, size=n).tolist(),
+            "character": rng.integers(0, 62, size=n).tolist(),
+        },
+        features=FEMNIST_FEATURES,
+    )
 
 
 def _cifar(n: int, seed: int) -> datasets.Dataset:
     rng = np.random.default_rng(seed)
     pixels = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
     return datasets.Dataset.from_dict(
-        {"img": [Image.fromarray(p) for p in pixels], "fine_label": rng.integers(0, 100, size=n).tolist(),
-         "coarse_label": rng.integers(0, 20, size=n).tolist()}, features=CIFAR_FEATURES)
+        {
+            "img": [Image.fromarray(p) for p in pixels],
+            "fine_label": rng.integers(0, 100, size=n).tolist(),
+            "coarse_label": rng.integers(0, 20, size=n).tolist(),
+        },
+        features=CIFAR_FEATURES,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +199,9 @@ def test_load_federated_with_max_users_keeps_a_seeded_subset(cifar_dir, tmp_path
     _, disk, _ = cifar_dir
     spec = DataSpec("cifar100", 5, 0, 500, 80, str(tmp_path), str(disk), num_clients=12, partition_alpha=0.3)
     sub = load_federated(spec)
-    full = load_federated(DataSpec("cifar100", None, 0, 500, 80, str(tmp_path), str(disk), num_clients=12,
-                                   partition_alpha=0.3))
+    full = load_federated(
+        DataSpec("cifar100", None, 0, 500, 80, str(tmp_path), str(disk), num_clients=12, partition_alpha=0.3)
+    )
     assert sub.population == 5 and set(sub.names) <= set(full.names)
     u = sub.names.index(sub.names[2])
     v = full.names.index(sub.names[2])
@@ -193,13 +214,46 @@ def test_fedsim_run_on_femnist_fixture_two_rounds(femnist_dirs, tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "FEDSIM_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run(
-        [sys.executable, "-m", "fedsim.cli", "run", "--out", str(out), "--quiet",
-         "--set", "data.name='femnist'", "--set", f"data.root='{parquet}'", "--set", "model.name='femnist_cnn_small'",
-         "--set", "rounds=2", "--set", "sampling.scheme='poisson'", "--set", "sampling.cohort_size=4",
-         "--set", "privacy.mechanism='gaussian'", "--set", "privacy.noise_multiplier=1.0",
-         "--set", "client.lr=0.05", "--set", "client.batch_size=8", "--set", "eval.every=1",
-         "--set", "sim.num_workers=2", "--set", "sim.client_cpus=1"],
-        capture_output=True, text=True, timeout=600, env=env)
+        [
+            sys.executable,
+            "-m",
+            "fedsim.cli",
+            "run",
+            "--out",
+            str(out),
+            "--quiet",
+            "--set",
+            "data.name='femnist'",
+            "--set",
+            f"data.root='{parquet}'",
+            "--set",
+            "model.name='femnist_cnn_small'",
+            "--set",
+            "rounds=2",
+            "--set",
+            "sampling.scheme='poisson'",
+            "--set",
+            "sampling.cohort_size=4",
+            "--set",
+            "privacy.mechanism='gaussian'",
+            "--set",
+            "privacy.noise_multiplier=1.0",
+            "--set",
+            "client.lr=0.05",
+            "--set",
+            "client.batch_size=8",
+            "--set",
+            "eval.every=1",
+            "--set",
+            "sim.num_workers=2",
+            "--set",
+            "sim.client_cpus=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_completed"] == 2 and summary["population"] == 9
@@ -209,8 +263,11 @@ def test_fedsim_run_on_femnist_fixture_two_rounds(femnist_dirs, tmp_path):
 def test_a_parquet_without_the_needed_column_names_the_file(tmp_path):
     (tmp_path / "data").mkdir()
     _femnist(20).remove_columns(["character"]).to_parquet(str(tmp_path / "data" / "train-00000-of-00001.parquet"))
-    with pytest.raises(FedsimError, match=r"train-00000-of-00001\.parquet: split 'train' lacks column\(s\) "
-                                          r"\['character'\]"):
+    with pytest.raises(
+        FedsimError,
+        match=r"train-00000-of-00001\.parquet: split 'train' lacks column\(s\) "
+        r"\['character'\]",
+    ):
         FederatedImages("femnist", tmp_path, cache_dir=tmp_path / "c")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "train-00000-of-00001.parquet").write_bytes(b"PAR1 this is not parquet")

@@ -22,9 +22,16 @@ import pytest
 
 from fedsim.interrupt import descendants, kill_descendants
 
-SMALL = ["sampling.scheme='poisson'", "privacy.mechanism='gaussian'", "data.max_users=24",
-         "sampling.cohort_size=6", "eval.every=0", "privacy.noise_multiplier=1.0", "client.max_examples=16",
-         "checkpoint.every=1000"]
+SMALL = [
+    "sampling.scheme='poisson'",
+    "privacy.mechanism='gaussian'",
+    "data.max_users=24",
+    "sampling.cohort_size=6",
+    "eval.every=0",
+    "privacy.noise_multiplier=1.0",
+    "client.max_examples=16",
+    "checkpoint.every=1000",
+]
 
 
 def _marked(mark: str) -> list[tuple[int, str]]:
@@ -50,8 +57,9 @@ def _start(out: Path, sets: list[str], mark: str, quiet: bool = False) -> subpro
     for s in sets:
         cmd += ["--set", s]
     env = dict(os.environ, FEDSIM_TEST_MARK=mark)
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def _wait_rows(p: subprocess.Popen, out: Path, rows: int, limit: float = 240.0) -> None:
@@ -117,8 +125,12 @@ def test_sigint_abandons_the_round_checkpoints_and_resume_is_bit_identical(tmp_p
     assert len(ledger["entries"]) == done
     assert f"round {done + 1} abandoned" in last
 
-    r = subprocess.run([sys.executable, "-m", "fedsim.cli", "run", "--quiet", "--resume", str(out)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "fedsim.cli", "run", "--quiet", "--resume", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     whole = tmp_path / "whole"
     cmd = [sys.executable, "-m", "fedsim.cli", "run", "--quiet", "--out", str(whole)]
@@ -170,9 +182,14 @@ def test_descendants_and_kill_descendants_follow_the_process_tree():
     """The /proc walk finds a grandchild, and ``spare`` protects a child from the sweep."""
     others = set(descendants())  # not this test's: never touched
     keep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    tree = subprocess.Popen([sys.executable, "-c",
-                             "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
-                             "'import time; time.sleep(60)']); time.sleep(60)"])
+    tree = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)']); time.sleep(60)",
+        ]
+    )
     try:
         deadline = time.monotonic() + 30
         while not descendants(tree.pid) and time.monotonic() < deadline:

@@ -14,8 +14,8 @@ PACKAGES = ("fedsim", "strategies", "clients")
 #: the runner layer: builds runs from configs and drives engines; only it (and the CLI) may import
 #: strategies/ and clients/, and only it may import itself.
 RUNNER = ("fedsim.simulation", "fedsim.audit", "fedsim.cli", "fedsim.deploy.runconfig", "fedsim.deploy.serverapp")
-#: Flower glue inside fedsim/ (the in-process grid): may import Flower, not the runner.
-FLOWER_GLUE = ("fedsim.engine",)
+#: Flower glue inside fedsim/ (the in-process grid, typed record reads): may import Flower, not the runner.
+FLOWER_GLUE = ("fedsim.engine", "fedsim.records")
 
 
 def modules() -> dict[str, Path]:
@@ -147,7 +147,8 @@ def test_the_core_imports_without_flower_and_ray():
         "        bad.append((m, str(e)))\n"
         "assert 'flwr' not in sys.modules and 'ray' not in sys.modules\n"
         "print(bad)\n"
-        "sys.exit(1 if bad else 0)\n")
+        "sys.exit(1 if bad else 0)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(core) > 50

@@ -61,8 +61,11 @@ def test_users_are_roles_split_80_20_in_stored_order(leaf_root, tmp_path):
             assert int(y[j]) == int(shakespeare.encode(rows[i][2])[0])
         xt, _ = data.test_samples(u)
         np.testing.assert_array_equal(xt[-1].numpy(), shakespeare.encode(rows[idx[-1]][1]))
-    assert any(int(v) == shakespeare.UNK_ID for u in range(data.population)
-               for v in data.train_samples(u, np.arange(data.num_train(u)))[0].flatten())
+    assert any(
+        int(v) == shakespeare.UNK_ID
+        for u in range(data.population)
+        for v in data.train_samples(u, np.arange(data.num_train(u)))[0].flatten()
+    )
 
 
 def test_config_and_max_users(leaf_root, tmp_path):

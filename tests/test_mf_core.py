@@ -56,8 +56,7 @@ def test_single_sampler_each_user_at_most_once():
 @pytest.mark.parametrize("assignment", ["keyed", "shuffle"])
 def test_epochs_sampler_patterns_are_g_plus_multiples_of_b(assignment):
     n_users, b, k = 103, 5, 4
-    scheme = make_scheme("epochs", n_users, None, min_sep=b, max_participations=k, rounds=k * b,
-                         assignment=assignment)
+    scheme = make_scheme("epochs", n_users, None, min_sep=b, max_participations=k, rounds=k * b, assignment=assignment)
     sampler = make_sampler(scheme, 9)
     seen, sizes = _record(sampler, k * b)
     if assignment == "shuffle":
@@ -74,8 +73,9 @@ def test_epochs_sampler_patterns_are_g_plus_multiples_of_b(assignment):
 
 def test_min_sep_poisson_thinning_honours_k_b_and_rate():
     n_users, b, k, kbar = 2000, 10, 50, 40
-    scheme = make_scheme("min_sep", n_users, kbar, min_sep=b, max_participations=k,
-                         poisson_within_group=True, rounds=k * b)
+    scheme = make_scheme(
+        "min_sep", n_users, kbar, min_sep=b, max_participations=k, poisson_within_group=True, rounds=k * b
+    )
     seen, sizes = _record(make_sampler(scheme, 1), k * b)
     p = kbar / (n_users / b)
     for rounds in seen.values():
@@ -90,19 +90,30 @@ def test_min_sep_poisson_thinning_honours_k_b_and_rate():
     assert np.std(sizes) > 0
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    (dict(name="single", population=100, cohort_size=10, rounds=11), "buckets"),
-    (dict(name="min_sep", population=100, cohort_size=None, min_sep=10, poisson_within_group=True, rounds=10),
-     "needs sampling.cohort_size"),
-    (dict(name="epochs", population=100, cohort_size=10, min_sep=10, max_participations=2, rounds=21),
-     "at most k·b"),
-    (dict(name="epochs", population=100, cohort_size=5, min_sep=10, poisson_within_group=True, rounds=10),
-     "'min_sep' only"),
-    (dict(name="min_sep", population=100, cohort_size=20, min_sep=10, poisson_within_group=True, rounds=10),
-     "group size"),
-    (dict(name="poisson", population=100, cohort_size=5, min_sep=3, rounds=10), "sampling.min_sep"),
-    (dict(name="min_sep", population=5, cohort_size=1, min_sep=10, rounds=10), "exceeds the population"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(name="single", population=100, cohort_size=10, rounds=11), "buckets"),
+        (
+            dict(name="min_sep", population=100, cohort_size=None, min_sep=10, poisson_within_group=True, rounds=10),
+            "needs sampling.cohort_size",
+        ),
+        (
+            dict(name="epochs", population=100, cohort_size=10, min_sep=10, max_participations=2, rounds=21),
+            "at most k·b",
+        ),
+        (
+            dict(name="epochs", population=100, cohort_size=5, min_sep=10, poisson_within_group=True, rounds=10),
+            "'min_sep' only",
+        ),
+        (
+            dict(name="min_sep", population=100, cohort_size=20, min_sep=10, poisson_within_group=True, rounds=10),
+            "group size",
+        ),
+        (dict(name="poisson", population=100, cohort_size=5, min_sep=3, rounds=10), "sampling.min_sep"),
+        (dict(name="min_sep", population=5, cohort_size=1, min_sep=10, rounds=10), "exceeds the population"),
+    ],
+)
 def test_schemes_refuse_what_the_sampler_cannot_honour(kwargs, needle):
     name = kwargs.pop("name")
     with pytest.raises(FedsimError, match=None) as ei:
@@ -265,8 +276,11 @@ def test_amplified_banded_composes_ceil_n_over_b():
     p = 20 / 100
     for t in (1, 10, 11, 35):
         acc = PLDAccountant()
-        acc.compose(dp_event.SelfComposedDpEvent(
-            dp_event.PoissonSampledDpEvent(p, dp_event.GaussianDpEvent(1.1)), math.ceil(t / 10)))
+        acc.compose(
+            dp_event.SelfComposedDpEvent(
+                dp_event.PoissonSampledDpEvent(p, dp_event.GaussianDpEvent(1.1)), math.ceil(t / 10)
+            )
+        )
         assert epsilon(spec, t) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
         assert EpsilonCurve(spec)(t) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-8)
 

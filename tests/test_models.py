@@ -34,20 +34,37 @@ FEMNIST = {"channels": 1, "size": 28, "num_classes": 62}
 CIFAR = {"channels": 3, "size": 32, "num_classes": 100}
 
 
-@pytest.mark.parametrize("name,dims,expected", [
-    ("so_nwp_lstm", {"num_classes": 10004},
-     10004 * 96 + _lstm_params(96, 670) + (670 * 96 + 96) + (96 * 10004 + 10004)),
-    ("so_nwp_lstm_small", {"num_classes": 10004},
-     10004 * 16 + _lstm_params(16, 64) + (64 * 16 + 16) + (16 * 10004 + 10004)),
-    ("so_tag_logreg", {"in_features": 10000, "out_features": 500}, 10000 * 500 + 500),
-    ("shakespeare_lstm", {"vocab_size": 90}, 90 * 8 + _lstm_params(8, 256) + _lstm_params(256, 256) + 256 * 90 + 90),
-    ("shakespeare_lstm_small", {"vocab_size": 90}, 90 * 8 + _lstm_params(8, 64) + _lstm_params(64, 64) + 64 * 90 + 90),
-    ("femnist_cnn", FEMNIST, _conv(1, 32, 5) + _conv(32, 64, 5) + (64 * 7 * 7 * 2048 + 2048) + (2048 * 62 + 62)),
-    ("femnist_cnn_small", FEMNIST, _conv(1, 16, 5) + _conv(16, 32, 5) + (32 * 7 * 7 * 128 + 128) + (128 * 62 + 62)),
-    ("cifar_cnn_small", CIFAR, _conv(3, 32, 3) + _conv(32, 64, 3) + (64 * 8 * 8 * 256 + 256) + (256 * 100 + 100)),
-    ("cifar_resnet18_gn", CIFAR, _resnet18_gn(3, 100)),
-    ("logreg", {"in_features": 64, "num_classes": 10}, 64 * 10 + 10),
-])
+@pytest.mark.parametrize(
+    "name,dims,expected",
+    [
+        (
+            "so_nwp_lstm",
+            {"num_classes": 10004},
+            10004 * 96 + _lstm_params(96, 670) + (670 * 96 + 96) + (96 * 10004 + 10004),
+        ),
+        (
+            "so_nwp_lstm_small",
+            {"num_classes": 10004},
+            10004 * 16 + _lstm_params(16, 64) + (64 * 16 + 16) + (16 * 10004 + 10004),
+        ),
+        ("so_tag_logreg", {"in_features": 10000, "out_features": 500}, 10000 * 500 + 500),
+        (
+            "shakespeare_lstm",
+            {"vocab_size": 90},
+            90 * 8 + _lstm_params(8, 256) + _lstm_params(256, 256) + 256 * 90 + 90,
+        ),
+        (
+            "shakespeare_lstm_small",
+            {"vocab_size": 90},
+            90 * 8 + _lstm_params(8, 64) + _lstm_params(64, 64) + 64 * 90 + 90,
+        ),
+        ("femnist_cnn", FEMNIST, _conv(1, 32, 5) + _conv(32, 64, 5) + (64 * 7 * 7 * 2048 + 2048) + (2048 * 62 + 62)),
+        ("femnist_cnn_small", FEMNIST, _conv(1, 16, 5) + _conv(16, 32, 5) + (32 * 7 * 7 * 128 + 128) + (128 * 62 + 62)),
+        ("cifar_cnn_small", CIFAR, _conv(3, 32, 3) + _conv(32, 64, 3) + (64 * 8 * 8 * 256 + 256) + (256 * 100 + 100)),
+        ("cifar_resnet18_gn", CIFAR, _resnet18_gn(3, 100)),
+        ("logreg", {"in_features": 64, "num_classes": 10}, 64 * 10 + 10),
+    ],
+)
 def test_model_parameter_counts_and_a_cpu_forward_backward(name, dims, expected):
     model = make_model(name, dims, seed=1)
     assert num_parameters(model) == expected
@@ -87,11 +104,19 @@ def test_model_parameter_counts_and_a_cpu_forward_backward(name, dims, expected)
     torch.testing.assert_close(next(make_model(name, dims, seed=1).parameters()), next(model.parameters()))
 
 
-
-
 def test_every_model_is_covered_and_refuses_the_wrong_dims():
-    covered = {"so_nwp_lstm", "so_nwp_lstm_small", "so_tag_logreg", "shakespeare_lstm", "shakespeare_lstm_small",
-               "femnist_cnn", "femnist_cnn_small", "cifar_cnn_small", "cifar_resnet18_gn", "logreg"}
+    covered = {
+        "so_nwp_lstm",
+        "so_nwp_lstm_small",
+        "so_tag_logreg",
+        "shakespeare_lstm",
+        "shakespeare_lstm_small",
+        "femnist_cnn",
+        "femnist_cnn_small",
+        "cifar_cnn_small",
+        "cifar_resnet18_gn",
+        "logreg",
+    }
     assert set(MODELS) == covered
     from fedsim.errors import FedsimError
 

@@ -41,6 +41,7 @@ def close(a, b):
 
 # --- by-hand references ----------------------------------------------------------------
 
+
 def sgd_by_hand(lr):
     x = list(X0)
     out = []
@@ -157,13 +158,15 @@ def test_step_does_not_modify_grad():
 
 # --- make_optimizer ----------------------------------------------------------------------
 
+
 def test_make_optimizer_passes_hyperparameters():
     close(run(make_optimizer("sgd", 0.5)), sgd_by_hand(0.5))
     close(run(make_optimizer("momentum", 0.1, momentum=0.5)), momentum_by_hand(0.1, 0.5))
-    close(run(make_optimizer("adam", 0.2, beta1=0.8, beta2=0.95, eps=0.05, bias_correction=False)),
-          adam_by_hand(0.2, 0.8, 0.95, 0.05, False))
-    close(run(make_optimizer("adam", 0.2, beta1=0.8, beta2=0.95, eps=0.05)),
-          adam_by_hand(0.2, 0.8, 0.95, 0.05, True))
+    close(
+        run(make_optimizer("adam", 0.2, beta1=0.8, beta2=0.95, eps=0.05, bias_correction=False)),
+        adam_by_hand(0.2, 0.8, 0.95, 0.05, False),
+    )
+    close(run(make_optimizer("adam", 0.2, beta1=0.8, beta2=0.95, eps=0.05)), adam_by_hand(0.2, 0.8, 0.95, 0.05, True))
 
 
 @pytest.mark.parametrize("name", ["sgdd", "yogi_typo", "", "SGD", "fedadam"])
@@ -179,6 +182,7 @@ def test_nonpositive_lr_rejected(lr):
 
 
 # --- state_dict resume --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "make",

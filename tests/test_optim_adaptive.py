@@ -40,6 +40,7 @@ def sign(u: float) -> float:
 
 # --- hand computations in plain Python ---------------------------------------------------
 
+
 def yogi_by_hand(lr: float, b1: float, b2: float, tau: float, bc: bool, v0: float) -> list[list[float]]:
     x, m, v, out = list(X0), [0.0] * 3, [v0] * 3, []
     for t, g in enumerate(GRADS):
@@ -73,6 +74,7 @@ def phis(t: int) -> float:
 
 # --- Yogi ---------------------------------------------------------------------------------
 
+
 def test_yogi_matches_hand_computation():
     # step 1 explicitly: m̂ = g; v = τ² − (1−β2) g² sign(τ² − g²); v̂ = v/(1−β2)
     # coord 0: v = 0.01 + 0.1·0.25 = 0.035, v̂ = 0.35 → x = 1 − 0.1·0.5/(√0.35 + 0.1)
@@ -85,8 +87,10 @@ def test_yogi_matches_hand_computation():
 
 
 def test_yogi_options():
-    close(run(Yogi(0.2, beta1=0.8, beta2=0.95, eps=0.05, bias_correction=False)),
-          yogi_by_hand(0.2, 0.8, 0.95, 0.05, False, 0.05**2))
+    close(
+        run(Yogi(0.2, beta1=0.8, beta2=0.95, eps=0.05, bias_correction=False)),
+        yogi_by_hand(0.2, 0.8, 0.95, 0.05, False, 0.05**2),
+    )
     close(run(Yogi(0.2, beta1=0.8, beta2=0.95, eps=0.05, v0=0.0)), yogi_by_hand(0.2, 0.8, 0.95, 0.05, True, 0.0))
     with pytest.raises(FedsimError):
         Yogi(0.1, eps=0.0)
@@ -107,25 +111,25 @@ def test_yogi_v_grows_slower_than_adam_on_a_spike():
 
 # --- AdamBC: exact steps ------------------------------------------------------------------
 
+
 def test_adambc_matches_hand_computation():
     # step 1 explicitly: m̂ = g, φ_0/(1−β2) = Φ_0, so v̂ = max(g² − Φ_0, γ′)
     out = run(AdamBC(0.1, phis, beta1=0.9, beta2=0.9, gamma_frac=0.01))
     assert abs(out[0][0] - (1 - 0.1 * 0.5 / math.sqrt(0.25 - 0.2))) < 1e-12
-    assert abs(out[0][1] - (-2 + 0.1 * 0.05 / math.sqrt(0.01 * 0.2))) < 1e-12   # at the γ′ floor
+    assert abs(out[0][1] - (-2 + 0.1 * 0.05 / math.sqrt(0.01 * 0.2))) < 1e-12  # at the γ′ floor
     close(out, adambc_by_hand(0.1, 0.9, 0.9, 0.01, True))
     close(run(AdamBC(0.3, phis, beta1=0.5, beta2=0.8, gamma_frac=0.2)), adambc_by_hand(0.3, 0.5, 0.8, 0.2, True))
 
 
 def test_adambc_uncorrected_variant_matches_hand_computation():
-    close(run(AdamBC(0.1, phis, beta1=0.9, beta2=0.9, bias_correct=False)),
-          adambc_by_hand(0.1, 0.9, 0.9, 0.01, False))
+    close(run(AdamBC(0.1, phis, beta1=0.9, beta2=0.9, bias_correct=False)), adambc_by_hand(0.1, 0.9, 0.9, 0.01, False))
 
 
 def test_adambc_zero_noise_uses_tiny_floor():
     x = torch.tensor([1.0, 2.0], dtype=torch.float64)
     opt = AdamBC(0.1, lambda t: 0.0)
     opt.step(x, torch.tensor([0.0, 4.0], dtype=torch.float64))
-    assert x.tolist() == pytest.approx([1.0, 2.0 - 0.1])   # no noise: v̂ = g², step η·sign(g)
+    assert x.tolist() == pytest.approx([1.0, 2.0 - 0.1])  # no noise: v̂ = g², step η·sign(g)
     assert torch.isfinite(x).all()
 
 
@@ -167,6 +171,7 @@ def test_yogi_state_dict_round_trip():
 
 # --- AdamBC: statistical checks (docs/algorithms.md §9) --------------------------------
 
+
 def _pure_noise_run(phi: Callable[[int], float], steps: int, d: int = 200_000, b2: float = 0.99):
     """All clients send zeros: g_t = N(0, Φ_t) per coordinate."""
     gen = torch.Generator().manual_seed(1234)
@@ -177,8 +182,16 @@ def _pure_noise_run(phi: Callable[[int], float], steps: int, d: int = 200_000, b
         opt.step(x, torch.randn(d, generator=gen, dtype=torch.float64) * math.sqrt(phi(t)))
         bias = 1 - b2 ** (t + 1)
         vh = opt.v_hat()
-        rows.append((t, (opt.v.mean() / bias).item(), float(opt.phi) / bias, phi(t),
-                     (vh <= opt.gamma(phi(t)) * (1 + 1e-12)).double().mean().item(), vh.mean().item()))
+        rows.append(
+            (
+                t,
+                (opt.v.mean() / bias).item(),
+                float(opt.phi) / bias,
+                phi(t),
+                (vh <= opt.gamma(phi(t)) * (1 + 1e-12)).double().mean().item(),
+                vh.mean().item(),
+            )
+        )
     return rows
 
 
@@ -190,8 +203,8 @@ def test_adambc_pure_noise_second_moment_tracks_phi(kind: str):
         # E[v_t] = φ_t exactly (bias-corrected both sides), for any Φ_t sequence
         assert v_mean == pytest.approx(phi_bc, rel=0.02), t
         if t >= 10:
-            assert at_floor > 0.5, t                 # v̂ mostly sits at the γ′ floor
-            assert vhat_mean < 0.2 * phi_bc, t      # noise removed: v̂ ≪ noise level (uncorrected: ≈ it)
+            assert at_floor > 0.5, t  # v̂ mostly sits at the γ′ floor
+            assert vhat_mean < 0.2 * phi_bc, t  # noise removed: v̂ ≪ noise level (uncorrected: ≈ it)
     if kind == "time_varying":
         # a constant-Φ correction would be wrong: φ_t/(1−β2^{t+1}) is far from Φ_t here
         assert max(abs(r[2] - r[3]) / r[3] for r in rows[10:]) > 0.2
@@ -201,13 +214,13 @@ def test_adambc_pure_noise_second_moment_tracks_phi(kind: str):
 
 def _dominated_run(bias_correct: bool, phi: float = 4.0, steps: int = 150, d: int = 100_000):
     gen = torch.Generator().manual_seed(7)
-    signal = 0.02 * torch.randn(d, generator=gen, dtype=torch.float64)   # |signal|² ≪ Φ
+    signal = 0.02 * torch.randn(d, generator=gen, dtype=torch.float64)  # |signal|² ≪ Φ
     lr, b1 = 0.1, 0.9
     opt = AdamBC(lr, lambda t: phi, beta1=b1, bias_correct=bias_correct)
     x = torch.zeros(d, dtype=torch.float64)
-    x_ref = torch.zeros(d, dtype=torch.float64)   # momentum SGD with step η/√Φ on the same g
+    x_ref = torch.zeros(d, dtype=torch.float64)  # momentum SGD with step η/√Φ on the same g
     m = torch.zeros(d, dtype=torch.float64)
-    warm = 20   # compare trajectories after v has averaged over some steps
+    warm = 20  # compare trajectories after v has averaged over some steps
     for t in range(steps):
         if t == warm:
             x_start, ref_start = x.clone(), x_ref.clone()
@@ -226,10 +239,10 @@ def _dominated_run(bias_correct: bool, phi: float = 4.0, steps: int = 150, d: in
 
 def test_uncorrected_dp_adam_is_momentum_sgd_when_noise_dominates():
     ratio, cos, traj_err = _dominated_run(bias_correct=False, phi=4.0)
-    assert ratio.median().item() == pytest.approx(1 / math.sqrt(4.0), rel=0.02)   # step η/√Φ
-    assert (ratio.std() / ratio.mean()).item() < 0.1                                 # near-constant
+    assert ratio.median().item() == pytest.approx(1 / math.sqrt(4.0), rel=0.02)  # step η/√Φ
+    assert (ratio.std() / ratio.mean()).item() < 0.1  # near-constant
     assert cos > 0.99
-    assert traj_err < 0.15                                                           # vs ≈6 for AdamBC
+    assert traj_err < 0.15  # vs ≈6 for AdamBC
 
 
 def test_adambc_differs_from_momentum_sgd_when_noise_dominates():
@@ -241,6 +254,7 @@ def test_adambc_differs_from_momentum_sgd_when_noise_dominates():
 
 
 # --- warnings and errors ------------------------------------------------------------------
+
 
 def test_gamma_at_least_phi_warns_once():
     with pytest.warns(UserWarning, match="momentum SGD") as rec:

@@ -17,10 +17,20 @@ from fedsim.privacy.ledger import recompute_epsilon
 pytestmark = pytest.mark.e2e
 
 N, K, Z = 30, 6, 1.1
-BASE = ["rounds=2", "sampling.scheme='poisson'", "privacy.mechanism='gaussian'", f"privacy.noise_multiplier={Z}",
-        "model.name='shakespeare_lstm_small'", f"data.max_users={N}", f"sampling.cohort_size={K}",
-        "client.max_examples=8", "eval.every=0", "eval.max_users=4", "eval.max_examples_per_user=4",
-        "sim.num_workers=2"]
+BASE = [
+    "rounds=2",
+    "sampling.scheme='poisson'",
+    "privacy.mechanism='gaussian'",
+    f"privacy.noise_multiplier={Z}",
+    "model.name='shakespeare_lstm_small'",
+    f"data.max_users={N}",
+    f"sampling.cohort_size={K}",
+    "client.max_examples=8",
+    "eval.every=0",
+    "eval.max_users=4",
+    "eval.max_examples_per_user=4",
+    "sim.num_workers=2",
+]
 
 #: (filter, server optimizer, error feedback): every filter, optimizer and EF mode appears.
 COMBOS = [
@@ -34,8 +44,9 @@ COMBOS = [
 
 def _expected_eps(rounds: int) -> float:
     acc = PLDAccountant()
-    acc.compose(dp_event.SelfComposedDpEvent(
-        dp_event.PoissonSampledDpEvent(K / N, dp_event.GaussianDpEvent(Z)), rounds))
+    acc.compose(
+        dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(K / N, dp_event.GaussianDpEvent(Z)), rounds)
+    )
     return acc.get_epsilon(1 / N**1.1)
 
 
@@ -53,8 +64,7 @@ def test_epsilon_is_post_processing_invariant(tmp_path, filt, opt, ef):
         # server error feedback has no guarantee: ε = ∞ (tests/redteam/test_server_ef.py)
         assert r["epsilon"] == ("inf" if ef == "server" else pytest.approx(_expected_eps(r["round"]), rel=1e-8))
         assert r["dropped_updates"] == 0
-    assert recompute_epsilon(ledger) == (float("inf") if ef == "server"
-                                         else pytest.approx(_expected_eps(2), rel=1e-8))
+    assert recompute_epsilon(ledger) == (float("inf") if ef == "server" else pytest.approx(_expected_eps(2), rel=1e-8))
     ckpt = load_checkpoint(out / "checkpoint")
     srv = ckpt["server"]
 
@@ -83,4 +93,3 @@ def test_epsilon_is_post_processing_invariant(tmp_path, filt, opt, ef):
         assert tr["before"].shape == tr["after"].shape == (2, 16)
         assert not np.array_equal(tr["before"], tr["after"])  # the filter acted
         assert (out / "plots" / "psd.png").exists()
-

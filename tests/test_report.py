@@ -79,9 +79,7 @@ def make_run(
 
 @pytest.fixture
 def dp_run(tmp_path: Path) -> Path:
-    return make_run(
-        tmp_path, "run_dp", name="dp-sigma1.1", accuracies=DP_ACCURACIES, final_accuracy=0.33, dp=True
-    )
+    return make_run(tmp_path, "run_dp", name="dp-sigma1.1", accuracies=DP_ACCURACIES, final_accuracy=0.33, dp=True)
 
 
 @pytest.fixture
@@ -265,10 +263,17 @@ def test_ablation_groups_runs_by_config_without_seed(tmp_path: Path) -> None:
     runs = []
     for arm, finals in (("ema", (0.30, 0.32, 0.34)), ("none", (0.20, 0.26))):
         for seed, fin in enumerate(finals):
-            r = make_run(tmp_path, f"{arm}-s{seed}", name=f"{arm}-s{seed}", accuracies={2: fin - 0.1, 4: fin},
-                         final_accuracy=fin, dp=True)
-            (r / "config.toml").write_text(f'name = "{arm}-s{seed}"\nseed = {seed}\n[filter]\nname = "{arm}"\n',
-                                           encoding="utf-8")
+            r = make_run(
+                tmp_path,
+                f"{arm}-s{seed}",
+                name=f"{arm}-s{seed}",
+                accuracies={2: fin - 0.1, 4: fin},
+                final_accuracy=fin,
+                dp=True,
+            )
+            (r / "config.toml").write_text(
+                f'name = "{arm}-s{seed}"\nseed = {seed}\n[filter]\nname = "{arm}"\n', encoding="utf-8"
+            )
             runs.append(r)
     arms = ablation_arms(runs)
     assert [a["label"] for a in arms] == ["ema", "none"]  # the run names without "-s<seed>"
@@ -283,8 +288,7 @@ def test_ablation_label_falls_back_to_the_differing_keys(tmp_path: Path) -> None
     runs = []
     for i, (arm, seed) in enumerate((("ema", 0), ("ema", 1), ("none", 0))):
         r = make_run(tmp_path, f"run{i}", name=f"run{i}", accuracies={2: 0.2}, final_accuracy=0.2, dp=True)
-        (r / "config.toml").write_text(f'name = "run{i}"\nseed = {seed}\n[filter]\nname = "{arm}"\n',
-                                       encoding="utf-8")
+        (r / "config.toml").write_text(f'name = "run{i}"\nseed = {seed}\n[filter]\nname = "{arm}"\n', encoding="utf-8")
         runs.append(r)
     assert [a["label"] for a in ablation_arms(runs)] == ["name=ema", "name=none"]
 
@@ -321,8 +325,16 @@ def test_server_traces_coordinates_before_and_after_the_filter() -> None:
     from fedsim.server import DPServer
 
     spec = AccountingSpec("gaussian", "poisson", 100, 10, 1.0, 1e-3)
-    srv = DPServer(torch.zeros(50), GaussianNoise(50, 1), make_optimizer("sgd", 1.0), Ledger(spec, 6),
-                   1.0, 1.0, 10, filter=make_filter("ema", kappa=0.5))
+    srv = DPServer(
+        torch.zeros(50),
+        GaussianNoise(50, 1),
+        make_optimizer("sgd", 1.0),
+        Ledger(spec, 6),
+        1.0,
+        1.0,
+        10,
+        filter=make_filter("ema", kappa=0.5),
+    )
     srv.enable_trace(8, seed=3)
     for _ in range(6):
         srv.step(torch.zeros(50), 10)

@@ -17,9 +17,18 @@ from fedsim.errors import FedsimError
 pytestmark = pytest.mark.e2e
 
 SETTINGS = [
-    "rounds=6", "sampling.scheme='poisson'", "privacy.mechanism='gaussian'", "data.max_users=24", "sampling.cohort_size=6", "client.max_examples=8",
-    "eval.every=2", "eval.max_users=6", "eval.max_examples_per_user=4", "sim.num_workers=2",
-    "privacy.noise_multiplier=1.0", "checkpoint.every=1",
+    "rounds=6",
+    "sampling.scheme='poisson'",
+    "privacy.mechanism='gaussian'",
+    "data.max_users=24",
+    "sampling.cohort_size=6",
+    "client.max_examples=8",
+    "eval.every=2",
+    "eval.max_users=6",
+    "eval.max_examples_per_user=4",
+    "sim.num_workers=2",
+    "privacy.noise_multiplier=1.0",
+    "checkpoint.every=1",
 ]
 
 
@@ -27,15 +36,32 @@ SETTINGS = [
 VARIANTS = {
     "gaussian": [],
     # adaptive clip norm + its count-noise stream, DiSK's d_{t-1}, AdamBC moments and φ, filter trace
-    "adaptive-disk-adambc": ["clipping.adaptive=true", "clipping.count_stddev=2.0", "filter.name='disk'",
-                             "server.optimizer='adambc'", "filter.trace_coordinates=8"],
+    "adaptive-disk-adambc": [
+        "clipping.adaptive=true",
+        "clipping.count_stddev=2.0",
+        "filter.name='disk'",
+        "server.optimizer='adambc'",
+        "filter.trace_coordinates=8",
+    ],
     # client error-feedback states, BLT MF noise buffers (epochs), DOPPLER history
-    "ef-blt-doppler": ["client.error_feedback='client'", "sampling.scheme='epochs'", "sampling.min_sep=3",
-                       "sampling.cohort_size=8", "privacy.mechanism='blt'", "filter.name='doppler'",
-                       "server.optimizer='sgd'"],
+    "ef-blt-doppler": [
+        "client.error_feedback='client'",
+        "sampling.scheme='epochs'",
+        "sampling.min_sep=3",
+        "sampling.cohort_size=8",
+        "privacy.mechanism='blt'",
+        "filter.name='doppler'",
+        "server.optimizer='sgd'",
+    ],
     # banded MF noise (its ring of the last b − 1 rows) under keyed min_sep with Poisson thinning
-    "banded-min-sep": ["sampling.scheme='min_sep'", "sampling.min_sep=3", "sampling.poisson_within_group=true",
-                       "sampling.cohort_size=6", "privacy.mechanism='banded'", "privacy.bands=3"],
+    "banded-min-sep": [
+        "sampling.scheme='min_sep'",
+        "sampling.min_sep=3",
+        "sampling.poisson_within_group=true",
+        "sampling.cohort_size=6",
+        "privacy.mechanism='banded'",
+        "privacy.bands=3",
+    ],
 }
 
 
@@ -61,8 +87,12 @@ def _strip(rows: list[dict]) -> list[dict]:
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_sigkill_then_resume_is_bit_identical(tmp_path, variant):
     crashed, clean = tmp_path / "crashed", tmp_path / "clean"
-    proc = subprocess.Popen(_cmd(*_sets(variant), "--out", str(crashed)), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _cmd(*_sets(variant), "--out", str(crashed)),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 300
     try:
         while time.monotonic() < deadline:
@@ -106,6 +136,10 @@ def test_resume_refuses_privacy_relevant_changes(tmp_path):
     with pytest.raises(FedsimError, match="client.clip_norm"):
         check_resume(stored, load_config(None, SETTINGS + ["client.clip_norm=2.0"]), [], "--set")
     with pytest.raises(FedsimError, match="cannot change"):
-        check_resume(stored, load_config(None, SETTINGS + ["privacy.noise_multiplier=0.5"]),
-                     ["privacy.noise_multiplier"], "--set")
+        check_resume(
+            stored,
+            load_config(None, SETTINGS + ["privacy.noise_multiplier=0.5"]),
+            ["privacy.noise_multiplier"],
+            "--set",
+        )
     check_resume(stored, load_config(None, SETTINGS + ["sim.num_workers=1"]), ["sim.num_workers"], "--set")

@@ -41,8 +41,14 @@ def test_seeds_equal_in_their_low_32_bits_give_unrelated_keys_and_noise():
 
 def test_derive_separates_purposes_and_indices():
     k = PrivacyKey.from_seed(0)
-    keys = {k.derive("noise", 0), k.derive("noise", 1), k.derive("sampling", 0), k.derive("noise", "0"),
-            k.derive("noise0"), k}
+    keys = {
+        k.derive("noise", 0),
+        k.derive("noise", 1),
+        k.derive("sampling", 0),
+        k.derive("noise", "0"),
+        k.derive("noise0"),
+        k,
+    }
     assert len(keys) == 6
     assert k.derive("noise", 3) == PrivacyKey.from_seed(0).derive("noise", 3)
     assert "secret" not in repr(k) or "<secret>" in repr(k)

@@ -48,6 +48,7 @@ def fixed_x() -> np.ndarray:
 
 # --- Poisson --------------------------------------------------------------------------
 
+
 def test_poisson_per_user_frequency(poisson_x):
     counts = poisson_x.sum(axis=0).astype(float)
     mean, sd = ROUNDS * Q, math.sqrt(ROUNDS * Q * (1 - Q))
@@ -109,6 +110,7 @@ def test_poisson_extreme_rates():
 
 # --- fixed ------------------------------------------------------------------------------
 
+
 def test_fixed_exact_cohort_size(fixed_x):
     assert (fixed_x.sum(axis=1) == KBAR).all()
 
@@ -141,6 +143,7 @@ def test_fixed_full_population():
 
 # --- determinism ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("scheme", [PoissonScheme(50, 5), FixedScheme(50, 5)])
 def test_same_seed_same_cohorts_pure_in_t(scheme):
     a = make_sampler(scheme, seed=99)
@@ -168,6 +171,7 @@ def test_sampler_state_round_trip():
 
 
 # --- schemes and make_sampler -----------------------------------------------------------
+
 
 def test_make_sampler_types():
     assert type(make_sampler(PoissonScheme(10, 2), 0)) is PoissonSampler

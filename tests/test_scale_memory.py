@@ -27,8 +27,9 @@ print(json.dumps({{'population': s['population'], 'engine': s['engine'],
 
 
 def test_full_population_run_stays_under_one_gib(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", CODE.format(n=N, out=str(tmp_path / "run"))],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", CODE.format(n=N, out=str(tmp_path / "run"))], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["population"] == N and res["engine"] == "inprocess"

@@ -107,31 +107,38 @@ def fields(**override) -> dict:
 # creation_date "2018-01-01 00:00:00 UTC" (23 bytes), score -5, tags "", title "hi",
 # tokens "a b", type "answer"; written byte by byte, lengths counted by hand.
 HAND = bytes.fromhex(
-    "0a 8d01"                      # Example.features, 141 bytes (2-byte varint)
+    "0a 8d01"  # Example.features, 141 bytes (2-byte varint)
     # entry creation_date: 44 bytes = key (2 + 13) + value (2 + 27)
     "0a 2c"
-    "0a 0d" + b"creation_date".hex() +
-    "12 1b" "0a 19" "0a 17" + b"2018-01-01 00:00:00 UTC".hex() +
+    "0a 0d" + b"creation_date".hex() + "12 1b"
+    "0a 19"
+    "0a 17" + b"2018-01-01 00:00:00 UTC".hex() +
     # entry score: 23 bytes = key (2 + 5) + value (2 + 14); -5 is a 10-byte varint
     "0a 17"
-    "0a 05" + b"score".hex() +
-    "12 0e" "1a 0c" "0a 0a" "fb ff ff ff ff ff ff ff ff 01"
+    "0a 05" + b"score".hex() + "12 0e"
+    "1a 0c"
+    "0a 0a"
+    "fb ff ff ff ff ff ff ff ff 01"
     # entry tags: the empty string is one value b"" -> 0a 02 0a 00 inside the Feature
     "0a 0c"
-    "0a 04" + b"tags".hex() +
-    "12 04" "0a 02" "0a 00"
+    "0a 04" + b"tags".hex() + "12 04"
+    "0a 02"
+    "0a 00"
     # entry title
     "0a 0f"
-    "0a 05" + b"title".hex() +
-    "12 06" "0a 04" "0a 02" + b"hi".hex() +
+    "0a 05" + b"title".hex() + "12 06"
+    "0a 04"
+    "0a 02" + b"hi".hex() +
     # entry tokens
     "0a 11"
-    "0a 06" + b"tokens".hex() +
-    "12 07" "0a 05" "0a 03" + b"a b".hex() +
+    "0a 06" + b"tokens".hex() + "12 07"
+    "0a 05"
+    "0a 03" + b"a b".hex() +
     # entry type
     "0a 12"
-    "0a 04" + b"type".hex() +
-    "12 0a" "0a 08" "0a 06" + b"answer".hex()
+    "0a 04" + b"type".hex() + "12 0a"
+    "0a 08"
+    "0a 06" + b"answer".hex()
 )
 HAND_DECODED = {
     "creation_date": "2018-01-01 00:00:00 UTC",
@@ -156,14 +163,17 @@ def test_encoder_default_is_tf_layout():
 
 
 def test_hand_helpers_agree_with_hand_blob():
-    assert example(
-        entry(b"creation_date", bytes_feature(b"2018-01-01 00:00:00 UTC")),
-        entry(b"score", int64_feature(-5)),
-        entry(b"tags", bytes_feature(b"")),
-        entry(b"title", bytes_feature(b"hi")),
-        entry(b"tokens", bytes_feature(b"a b")),
-        entry(b"type", bytes_feature(b"answer")),
-    ) == HAND
+    assert (
+        example(
+            entry(b"creation_date", bytes_feature(b"2018-01-01 00:00:00 UTC")),
+            entry(b"score", int64_feature(-5)),
+            entry(b"tags", bytes_feature(b"")),
+            entry(b"title", bytes_feature(b"hi")),
+            entry(b"tokens", bytes_feature(b"a b")),
+            entry(b"type", bytes_feature(b"answer")),
+        )
+        == HAND
+    )
 
 
 def test_decode_features_generic_map():
@@ -399,23 +409,35 @@ def test_unknown_fields_skipped_at_every_level(junk):
     def ent(k: str, feature: bytes) -> bytes:
         return ld(1, junk + ld(1, k.encode()) + junk + ld(2, feature) + junk)
 
-    blob = junk + ld(1, junk + b"".join(
-        ent(k, inf(-5) if k == "score" else bf(DEFAULT[k].encode())) for k in NAMES
-    ) + junk) + junk
+    blob = (
+        junk
+        + ld(1, junk + b"".join(ent(k, inf(-5) if k == "score" else bf(DEFAULT[k].encode())) for k in NAMES) + junk)
+        + junk
+    )
     feats = decode_features(blob)
     assert feats["score"] == ("int64", [-5, -5])
-    blob = junk + ld(1, junk + b"".join(
-        ent(k, junk + ld(3, junk + ld(1, varint(-5)) + junk) if k == "score" else bf(DEFAULT[k].encode()))
-        for k in NAMES
-    ) + junk) + junk
+    blob = (
+        junk
+        + ld(
+            1,
+            junk
+            + b"".join(
+                ent(k, junk + ld(3, junk + ld(1, varint(-5)) + junk) if k == "score" else bf(DEFAULT[k].encode()))
+                for k in NAMES
+            )
+            + junk,
+        )
+        + junk
+    )
     assert decode_example(blob) == fields(score=-5)
 
 
 def test_known_field_with_other_wire_type_is_skipped():
     blob = b"\x08\x01" + so_blob()  # Example.features as a varint
     assert decode_example(blob) == fields()
-    blob = example(*(entry(k.encode(), v) for k, v in so_features().items()),
-                   ld(1, ld(1, b"tokens") + b"\x10\x07"))  # entry value as a varint: no value
+    blob = example(
+        *(entry(k.encode(), v) for k, v in so_features().items()), ld(1, ld(1, b"tokens") + b"\x10\x07")
+    )  # entry value as a varint: no value
     assert decode_example(blob) == fields()
     feat = ld(1, b"\x0d\x00\x00\x00\x00" + ld(1, b"t"))  # BytesList.value as fixed32
     assert decode_example(so_blob(tokens=feat))["tokens"] == "t"
@@ -447,8 +469,11 @@ def test_non_minimal_varints_accepted():
 
 def test_other_features_ignored_even_if_damaged():
     junk_feature = b"\x0a\x05\x0a\x09ab"  # its BytesList value runs past the end
-    blob = example(entry(b"other", float_feature(1.0)), entry(b"z", junk_feature),
-                   *(entry(k.encode(), v) for k, v in so_features().items()))
+    blob = example(
+        entry(b"other", float_feature(1.0)),
+        entry(b"z", junk_feature),
+        *(entry(k.encode(), v) for k, v in so_features().items()),
+    )
     assert decode_example(blob) == fields()
 
 
@@ -530,20 +555,35 @@ def test_truncation_with_trailing_unknown_fields():
     assert valid == 4
 
 
-@pytest.mark.parametrize("blob, what", [
-    (b"\x0a\x05\x0a", "past the end"),  # length past the end
-    (b"\x0a", "middle of a field|past the end"),  # no length at all
-    (b"\x0a\x80", "varint runs past"),  # varint running past the end
-    (b"\x08" + b"\xff" * 10 + b"\x01", "longer than 10 bytes"),
-    (b"\x0e\x00", "invalid wire type 6"),
-    (b"\x0f\x00", "invalid wire type 7"),
-    (b"\x0b\x0c", "group"),
-    (b"\x0c", "group"),
-    (b"\x02\x00", "field number 0"),
-    (b"\x09\x00\x00", "runs past the end"),  # fixed64 cut short
-    (b"\x0d\x00", "runs past the end"),  # fixed32 cut short
-], ids=["len", "nolen", "varint", "long-varint", "wt6", "wt7", "group-start", "group-end", "field0",
-        "fixed64", "fixed32"])
+@pytest.mark.parametrize(
+    "blob, what",
+    [
+        (b"\x0a\x05\x0a", "past the end"),  # length past the end
+        (b"\x0a", "middle of a field|past the end"),  # no length at all
+        (b"\x0a\x80", "varint runs past"),  # varint running past the end
+        (b"\x08" + b"\xff" * 10 + b"\x01", "longer than 10 bytes"),
+        (b"\x0e\x00", "invalid wire type 6"),
+        (b"\x0f\x00", "invalid wire type 7"),
+        (b"\x0b\x0c", "group"),
+        (b"\x0c", "group"),
+        (b"\x02\x00", "field number 0"),
+        (b"\x09\x00\x00", "runs past the end"),  # fixed64 cut short
+        (b"\x0d\x00", "runs past the end"),  # fixed32 cut short
+    ],
+    ids=[
+        "len",
+        "nolen",
+        "varint",
+        "long-varint",
+        "wt6",
+        "wt7",
+        "group-start",
+        "group-end",
+        "field0",
+        "fixed64",
+        "fixed32",
+    ],
+)
 def test_corrupted_top_level(blob, what):
     with pytest.raises(FedsimError, match=f"corrupted tf.train.Example: .*({what})"):
         decode_example(blob)

@@ -53,14 +53,20 @@ VECTORS = [
     (0x38AA3175B37F305C, b"It's a tiny change to the code and not completely disgusting. - Bob Manchek"),
     (0x7E85D7B050ED2967, b"There is no reason for any individual to have a computer in their home. -Ken Olsen, 1977"),
     (0x5A05644EB66E435E, b"Even if I could be Shakespeare, I think I should still choose to be Faraday. - A. Huxley"),
-    (0x098EFF6958C5E91A, b"The fugacity of a constituent in a mixture of gases at a given temperature is proportional "
-                         b"to its mole fraction.  Lewis-Randall Rule"),
-    (0xC3F02C4FFD5D71E6, b"Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt "
-                         b"ut labore et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation "
-                         b"ullamco laboris nisi ut aliquip ex ea commodo consequat. Duis aute irure dolor in "
-                         b"reprehenderit in voluptate velit esse cillum dolore eu fugiat nulla pariatur. Excepteur "
-                         b"sint occaecat cupidatat non proident, sunt in culpa qui officia deserunt mollit anim id "
-                         b"est laborum."),
+    (
+        0x098EFF6958C5E91A,
+        b"The fugacity of a constituent in a mixture of gases at a given temperature is proportional "
+        b"to its mole fraction.  Lewis-Randall Rule",
+    ),
+    (
+        0xC3F02C4FFD5D71E6,
+        b"Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt "
+        b"ut labore et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation "
+        b"ullamco laboris nisi ut aliquip ex ea commodo consequat. Duis aute irure dolor in "
+        b"reprehenderit in voluptate velit esse cillum dolore eu fugiat nulla pariatur. Excepteur "
+        b"sint occaecat cupidatat non proident, sunt in culpa qui officia deserunt mollit anim id "
+        b"est laborum.",
+    ),
 ]
 
 
@@ -82,8 +88,15 @@ def test_oov_buckets_follow_the_fingerprint():
     words = [b"in", b"abc", b"", b"0123456789", b"vocab"]
     ids = spec.ids(b" ".join(words))
     assert ids[0] == spec.bos and ids[-1] == spec.eos
-    assert ids[1:-1] == [1, 3 + fingerprint64(b"abc") % 4, 3 + fingerprint64(b"") % 4,
-                         3 + fingerprint64(b"0123456789") % 4, 2]
-    assert {hash_bucket(w, 4) for w in (b"abc", b"", b"0123456789")} == {0x24A5B3A074E7F369 % 4,
-                                                                          0x9AE16A3B2F90404F % 4,
-                                                                          0xAD052244B781C4EB % 4}
+    assert ids[1:-1] == [
+        1,
+        3 + fingerprint64(b"abc") % 4,
+        3 + fingerprint64(b"") % 4,
+        3 + fingerprint64(b"0123456789") % 4,
+        2,
+    ]
+    assert {hash_bucket(w, 4) for w in (b"abc", b"", b"0123456789")} == {
+        0x24A5B3A074E7F369 % 4,
+        0x9AE16A3B2F90404F % 4,
+        0xAD052244B781C4EB % 4,
+    }

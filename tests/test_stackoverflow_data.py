@@ -36,8 +36,16 @@ CREATE INDEX idx_metadata_client_id ON client_metadata (client_id);
 
 
 def _ex(tokens: str, tags: str = "python", title: str = "a title", score: int = 1, typ: str = "question") -> bytes:
-    return encode_example({"creation_date": "2014-11-23 22:05:31.08 UTC", "score": score, "tags": tags,
-                           "title": title, "tokens": tokens, "type": typ})
+    return encode_example(
+        {
+            "creation_date": "2014-11-23 22:05:31.08 UTC",
+            "score": score,
+            "tags": tags,
+            "title": title,
+            "tokens": tokens,
+            "type": typ,
+        }
+    )
 
 
 #: (split, client, tokens) in insertion order: client rows are interleaved (not contiguous) and
@@ -142,9 +150,11 @@ def test_clients_sorted_opaque_and_examples_in_rowid_order(tmp_path):
     assert toks == ["first post of 42", "second post of 42", "third post of 42"]
     assert [decode_example(b)["tokens"] for b in db.examples("test", "00042")] == ["a test sentence"]
     assert [decode_example(b)["tokens"] for b in db.examples("train", "00042", limit=2)] == toks[:2]
-    assert db.stats() == {"train": {"num_clients": 3, "num_examples": 5},
-                          "test": {"num_clients": 1, "num_examples": 1},
-                          "heldout": {"num_clients": 1, "num_examples": 1}}
+    assert db.stats() == {
+        "train": {"num_clients": 3, "num_examples": 5},
+        "test": {"num_clients": 1, "num_examples": 1},
+        "heldout": {"num_clients": 1, "num_examples": 1},
+    }
     with pytest.raises(FedsimError, match="held_out"):
         db.clients("held_out")
 
@@ -155,8 +165,10 @@ def test_database_errors_name_the_file(tmp_path):
     with pytest.raises(FedsimError, match="garbage.sqlite"):
         StackOverflowDB(bad)
     conn = sqlite3.connect(tmp_path / "wrong.sqlite")
-    conn.executescript("CREATE TABLE examples (split_name TEXT, client_id TEXT, blob BLOB);"
-                       "CREATE TABLE client_metadata (client_id TEXT, split_name TEXT, num_examples INT);")
+    conn.executescript(
+        "CREATE TABLE examples (split_name TEXT, client_id TEXT, blob BLOB);"
+        "CREATE TABLE client_metadata (client_id TEXT, split_name TEXT, num_examples INT);"
+    )
     conn.close()
     with pytest.raises(FedsimError, match="serialized_example_proto"):
         StackOverflowDB(tmp_path / "wrong.sqlite")
@@ -215,12 +227,12 @@ VOCAB = [b"the", b"cat", "café".encode(), b"sat"]  # V = 4 → OOV 5, BOS 6, EO
 def test_nwp_special_ids_and_lengths():
     s = NWPSpec(VOCAB, seq_len=3)
     assert (s.oov, s.bos, s.eos, s.num_classes) == (5, 6, 7, 8)
-    assert s.ids(b"the cat") == [6, 1, 2, 7]              # L−1 words: EOS
-    assert s.ids(b"the cat sat") == [6, 1, 2, 4]          # exactly L: no EOS
-    assert s.ids(b"the cat sat the") == [6, 1, 2, 4]      # L+1: truncated, no EOS
-    assert s.ids("café dog".encode()) == [6, 3, 5, 7]     # UTF-8 word, OOV word
-    assert s.ids(b"") == [6, 5, 7]                        # [b''] is one OOV word
-    assert s.ids(b"the  cat") == [6, 1, 5, 2]             # double space: an empty (OOV) word
+    assert s.ids(b"the cat") == [6, 1, 2, 7]  # L−1 words: EOS
+    assert s.ids(b"the cat sat") == [6, 1, 2, 4]  # exactly L: no EOS
+    assert s.ids(b"the cat sat the") == [6, 1, 2, 4]  # L+1: truncated, no EOS
+    assert s.ids("café dog".encode()) == [6, 3, 5, 7]  # UTF-8 word, OOV word
+    assert s.ids(b"") == [6, 5, 7]  # [b''] is one OOV word
+    assert s.ids(b"the  cat") == [6, 1, 5, 2]  # double space: an empty (OOV) word
     assert s.ids(b" the") == [6, 5, 1, 7]
     x, y = s.xy([b"the cat", b"the cat sat the"])
     assert x.tolist() == [[6, 1, 2], [6, 1, 2]] and y.tolist() == [[1, 2, 7], [1, 2, 4]]
@@ -234,11 +246,11 @@ def test_nwp_special_ids_and_lengths():
 
 def test_nwp_three_masked_accuracies():
     s = NWPSpec(VOCAB, seq_len=4)
-    y = torch.tensor([[1, 5, 7, 0]])          # word, OOV, EOS, pad
-    pred = torch.tensor([[1, 5, 7, 0]])       # all right
+    y = torch.tensor([[1, 5, 7, 0]])  # word, OOV, EOS, pad
+    pred = torch.tensor([[1, 5, 7, 0]])  # all right
     c = nwp_accuracy_counts(pred, y, s)
     assert c == {"pad": (3, 3), "pad_oov": (2, 2), "pad_oov_eos": (1, 1)}
-    pred = torch.tensor([[2, 5, 7, 3]])       # the word wrong
+    pred = torch.tensor([[2, 5, 7, 3]])  # the word wrong
     c = nwp_accuracy_counts(pred, y, s)
     assert c == {"pad": (2, 3), "pad_oov": (1, 2), "pad_oov_eos": (0, 1)}
 
@@ -283,8 +295,21 @@ def test_cli_show_and_stats(tmp_path, capsys):
     from test_cli import run_cli
 
     root = _root(tmp_path)
-    code, out, err = run_cli(capsys, "data", "show", "stackoverflow_nwp", "--root", str(root), "--split", "train",
-                             "--client", "00042", "--seq-len", "5", "--json")
+    code, out, err = run_cli(
+        capsys,
+        "data",
+        "show",
+        "stackoverflow_nwp",
+        "--root",
+        str(root),
+        "--split",
+        "train",
+        "--client",
+        "00042",
+        "--seq-len",
+        "5",
+        "--json",
+    )
     assert code == 0, err
     r = json.loads(out)
     assert r["dataset"] == "stackoverflow_nwp" and r["client_id"] == "00042" and r["split"] == "train"
@@ -295,8 +320,19 @@ def test_cli_show_and_stats(tmp_path, capsys):
     assert first["ids"] == [6, 3, 2, 1, 4, 7]
     assert first["x"] == [6, 3, 2, 1, 4] and first["y"] == [3, 2, 1, 4, 7]
     assert [e["tokens"] for e in r["examples"]] == ["first post of 42", "second post of 42", "third post of 42"]
-    code, out, _ = run_cli(capsys, "data", "show", "stackoverflow_tag", "--root", str(root), "--client", "b",
-                           "--word-vocab-size", "3", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "data",
+        "show",
+        "stackoverflow_tag",
+        "--root",
+        str(root),
+        "--client",
+        "b",
+        "--word-vocab-size",
+        "3",
+        "--json",
+    )
     t = json.loads(out)["examples"][0]
     assert len(t["x"]) == 3 and t["y"] == [1.0, 0.0]  # tags sorted by count: python, java
     code, out, _ = run_cli(capsys, "data", "stats", "stackoverflow_nwp", "--root", str(root), "--json")

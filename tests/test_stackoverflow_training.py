@@ -32,17 +32,30 @@ def so_root(tmp_path_factory) -> Path:
 
 
 def _spec(root: Path, name: str = "stackoverflow_nwp", **kw) -> DataSpec:
-    base = dict(name=name, max_users=None, subset_seed=0, min_chars=500, window=80, cache_dir=None,
-                root=str(root), vocab_size=50, tag_vocab_size=6, seq_len=7, num_oov_buckets=1,
-                max_elements_per_user=9)
+    base = dict(
+        name=name,
+        max_users=None,
+        subset_seed=0,
+        min_chars=500,
+        window=80,
+        cache_dir=None,
+        root=str(root),
+        vocab_size=50,
+        tag_vocab_size=6,
+        seq_len=7,
+        num_oov_buckets=1,
+        max_elements_per_user=9,
+    )
     base.update(kw)
     return DataSpec(**base)
 
 
 def _raw(root: Path, split: str, client: str) -> list[dict]:
     conn = sqlite3.connect(root / "stackoverflow.sqlite")
-    rows = conn.execute("SELECT serialized_example_proto FROM examples WHERE split_name = ? AND client_id = ? "
-                        "ORDER BY rowid", (split, client)).fetchall()
+    rows = conn.execute(
+        "SELECT serialized_example_proto FROM examples WHERE split_name = ? AND client_id = ? ORDER BY rowid",
+        (split, client),
+    ).fetchall()
     conn.close()
     return [decode_example(bytes(r[0])) for r in rows]
 
@@ -123,8 +136,10 @@ def test_max_users_keeps_a_seeded_subset(so_root):
 def test_inconsistent_metadata_is_a_clear_error(tmp_path):
     root = generate(tmp_path / "d", users=4, per_user=5, vocab=20, tags=3)
     conn = sqlite3.connect(root / "stackoverflow.sqlite")
-    conn.execute("UPDATE client_metadata SET num_examples = num_examples + 3 "
-                 "WHERE client_id = '00000001' AND split_name = 'train'")
+    conn.execute(
+        "UPDATE client_metadata SET num_examples = num_examples + 3 "
+        "WHERE client_id = '00000001' AND split_name = 'train'"
+    )
     conn.commit()
     conn.close()
     data = load_federated(_spec(root, max_elements_per_user=1000))
@@ -168,8 +183,16 @@ def test_model_task_mismatch_and_missing_root_are_config_errors():
     with pytest.raises(FedsimError, match="needs data.root"):
         load_config(None, ["data.name='stackoverflow_tag'", "model.name='so_tag_logreg'"])
     with pytest.raises(FedsimError, match="privacy.unit = 'example' with next-word"):
-        load_config(None, ["data.name='stackoverflow_nwp'", "data.root='/x'", "model.name='so_nwp_lstm'",
-                           "privacy.unit='example'", "privacy.example_noise_multiplier=1.0"])
+        load_config(
+            None,
+            [
+                "data.name='stackoverflow_nwp'",
+                "data.root='/x'",
+                "model.name='so_nwp_lstm'",
+                "privacy.unit='example'",
+                "privacy.example_noise_multiplier=1.0",
+            ],
+        )
     cfg = load_config(ROOT / "experiments/stackoverflow_nwp_dpftrl.toml", ["data.root='/x'"])
     assert cfg.sampling.cohort_size * cfg.rounds <= 342_477 and cfg.rounds == 2048
     assert cfg.data.max_elements_per_user == 256 and cfg.client.batch_size == 16
@@ -186,9 +209,23 @@ def test_missing_root_folder_names_the_files_to_get(tmp_path):
 def test_fedsim_run_on_the_fixture_config_reports_three_nwp_accuracies(tmp_path):
     root = generate(tmp_path / "so", seed=0)
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "fedsim.cli", "run", str(ROOT / "experiments/stackoverflow_nwp_fixture.toml"),
-                           "--set", f"data.root='{root}'", "--out", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedsim.cli",
+            "run",
+            str(ROOT / "experiments/stackoverflow_nwp_fixture.toml"),
+            "--set",
+            f"data.root='{root}'",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for key in ("eval_acc_pad", "eval_acc_pad_oov", "eval_acc_pad_oov_eos"):
         assert key in proc.stdout
@@ -204,13 +241,15 @@ def test_fedsim_run_on_the_fixture_config_reports_three_nwp_accuracies(tmp_path)
     ledger = json.loads((out / "ledger.json").read_text())
     assert summary["epsilon"] == pytest.approx(recompute_epsilon(ledger), rel=1e-9)
     assert summary["population"] == 60 and summary["num_parameters"] == num_parameters(
-        make_model("so_nwp_lstm_small", {"num_classes": 150 + 4}))
+        make_model("so_nwp_lstm_small", {"num_classes": 150 + 4})
+    )
 
 
 def test_generated_folders_with_offsets_split_one_population(tmp_path):
     whole = generate(tmp_path / "whole", users=6, per_user=5, vocab=30, tags=4, seed=2)
-    parts = [generate(tmp_path / f"p{i}", users=3, per_user=5, vocab=30, tags=4, seed=2, first_id=3 * i)
-             for i in range(2)]
+    parts = [
+        generate(tmp_path / f"p{i}", users=3, per_user=5, vocab=30, tags=4, seed=2, first_id=3 * i) for i in range(2)
+    ]
     for name in ("stackoverflow.word_count", "stackoverflow.tag_count"):
         assert (parts[0] / name).read_bytes() == (parts[1] / name).read_bytes() == (whole / name).read_bytes()
     for i, part in enumerate(parts):

@@ -47,19 +47,54 @@ class _Nodes:
 
 def _strategy() -> UserLevelDPStrategy:
     spec = AccountingSpec("gaussian", "fixed", N, K, 1.0, 1e-3)
-    server = DPServer(torch.zeros(D), ZeroNoise(D, 0), make_optimizer("sgd", 1.0), Ledger(spec, 5),
-                      clip_norm=1.0, noise_multiplier=0.0, expected_cohort=K)
-    return UserLevelDPStrategy(server=server, sampler=make_sampler(make_scheme("fixed", N, K), 0),
-                               task_json="{}", train_costs=np.ones(N), rounds=5, eval_users=[],
-                               eval_costs=np.ones(N), eval_every=0, eval_max_examples=1, round_timeout=1.0)
+    server = DPServer(
+        torch.zeros(D),
+        ZeroNoise(D, 0),
+        make_optimizer("sgd", 1.0),
+        Ledger(spec, 5),
+        clip_norm=1.0,
+        noise_multiplier=0.0,
+        expected_cohort=K,
+    )
+    return UserLevelDPStrategy(
+        server=server,
+        sampler=make_sampler(make_scheme("fixed", N, K), 0),
+        task_json="{}",
+        train_costs=np.ones(N),
+        rounds=5,
+        eval_users=[],
+        eval_costs=np.ones(N),
+        eval_every=0,
+        eval_max_examples=1,
+        round_timeout=1.0,
+    )
 
 
 def _reply(node: int, users: list[int], update: np.ndarray | None, group: str) -> Message:
-    md = Metadata(run_id=0, message_id=f"r{node}", src_node_id=node, dst_node_id=0,
-                  reply_to_message_id="m", group_id=group, created_at=0.0, ttl=60.0, message_type="train")
-    content = RecordDict({protocol.METRICS: MetricRecord({
-        "num_users": len(users), "user_ids": users, "user_loss": [0.0] * len(users),
-        "user_examples": [1] * len(users), "num_clipped": 0})})
+    md = Metadata(
+        run_id=0,
+        message_id=f"r{node}",
+        src_node_id=node,
+        dst_node_id=0,
+        reply_to_message_id="m",
+        group_id=group,
+        created_at=0.0,
+        ttl=60.0,
+        message_type="train",
+    )
+    content = RecordDict(
+        {
+            protocol.METRICS: MetricRecord(
+                {
+                    "num_users": len(users),
+                    "user_ids": users,
+                    "user_loss": [0.0] * len(users),
+                    "user_examples": [1] * len(users),
+                    "num_clipped": 0,
+                }
+            )
+        }
+    )
     if update is not None:
         content[protocol.ARRAYS] = ArrayRecord({protocol.UPDATE_SUM: Array(update.astype(np.float32))})
     return Message(content, metadata=md)
@@ -79,11 +114,10 @@ def test_duplicate_stale_unassigned_and_missing_are_dropped():
     assigned = _configure(s, 1)
     nodes = sorted(assigned)
     a, b, c = nodes
-    good = [_reply(a, assigned[a], _vec(assigned[a]), "train-0"),
-            _reply(b, assigned[b], _vec(assigned[b]), "train-0")]
+    good = [_reply(a, assigned[a], _vec(assigned[a]), "train-0"), _reply(b, assigned[b], _vec(assigned[b]), "train-0")]
     hostile = [
         _reply(a, assigned[a], _vec(assigned[a], 0.9), "train-0"),  # duplicate from node a
-        _reply(99, [0], _vec([0]), "train-0"),                      # a node that was sent nothing
+        _reply(99, [0], _vec([0]), "train-0"),  # a node that was sent nothing
     ]
     # node c does not answer at all
     s.aggregate_train(1, good + hostile)
@@ -117,6 +151,11 @@ def test_too_few_valid_replies_raise_before_any_step():
     assigned = _configure(s, 1)
     a = sorted(assigned)[0]
     with pytest.raises(FedsimError, match="min_valid_replies"):
-        s.aggregate_train(1, [_reply(a, assigned[a], _vec(assigned[a]), "train-0"),
-                              _reply(a, assigned[a], _vec(assigned[a]), "train-0")])  # duplicate ≠ valid
+        s.aggregate_train(
+            1,
+            [
+                _reply(a, assigned[a], _vec(assigned[a]), "train-0"),
+                _reply(a, assigned[a], _vec(assigned[a]), "train-0"),
+            ],
+        )  # duplicate ≠ valid
     assert s.server.round == 0 and s.server.ledger.rounds_recorded == 0

@@ -82,9 +82,9 @@ def test_windows_and_80_20_split():
 def test_majority_baseline_independent_count():
     d = _toy_data([300, 400, 250])
     users = [0, 1, 2]
-    ys_train = np.concatenate([d.texts[u][d.window: d.window + d.num_train(u)] for u in users])
+    ys_train = np.concatenate([d.texts[u][d.window : d.window + d.num_train(u)] for u in users])
     top = np.bincount(ys_train).argmax()
-    ys_test = np.concatenate([d.texts[u][d.window + d.num_train(u):] for u in users])
+    ys_test = np.concatenate([d.texts[u][d.window + d.num_train(u) :] for u in users])
     got_top, acc = d.majority_baseline(users)
     assert got_top == top and acc == pytest.approx(float(np.mean(ys_test == top)))
 

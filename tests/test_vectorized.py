@@ -32,8 +32,9 @@ class RaggedNoBatchedLoss(Ragged):
     batched_loss = None
 
 
-@pytest.mark.parametrize("name,clip,batched", [("logreg", 0.05, True), ("logreg", 100.0, True), ("mlp", 0.5, True),
-                                               ("mlp", 0.5, False)])
+@pytest.mark.parametrize(
+    "name,clip,batched", [("logreg", 0.05, True), ("logreg", 100.0, True), ("mlp", 0.5, True), ("mlp", 0.5, False)]
+)
 def test_vectorized_equals_sequential(name, clip, batched):
     torch.manual_seed(0)
     data = (Ragged if batched else RaggedNoBatchedLoss)(users=40, samples=20, features=12, classes=5, seed=3)

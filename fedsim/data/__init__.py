@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,10 +52,25 @@ class DataSpec:
 
     @classmethod
     def from_config(cls, cfg: DataConfig) -> DataSpec:
-        return cls(cfg.name, cfg.max_users, cfg.subset_seed, cfg.min_chars, cfg.window, cfg.cache_dir,
-                   cfg.root, cfg.vocab_size, cfg.tag_vocab_size, cfg.seq_len, cfg.num_oov_buckets,
-                   cfg.max_elements_per_user, cfg.num_clients, cfg.partition_alpha, cfg.samples_per_user,
-                   cfg.num_features, cfg.num_classes)
+        return cls(
+            cfg.name,
+            cfg.max_users,
+            cfg.subset_seed,
+            cfg.min_chars,
+            cfg.window,
+            cfg.cache_dir,
+            cfg.root,
+            cfg.vocab_size,
+            cfg.tag_vocab_size,
+            cfg.seq_len,
+            cfg.num_oov_buckets,
+            cfg.max_elements_per_user,
+            cfg.num_clients,
+            cfg.partition_alpha,
+            cfg.samples_per_user,
+            cfg.num_features,
+            cfg.num_classes,
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -69,6 +85,11 @@ class FederatedData(Protocol):
 
     task: str
     vocab_size: int
+
+    @property
+    def names(self) -> Sequence[str]:
+        """Each user's stable name (what keyed participation hashes), in user-index order."""
+        ...
 
     @property
     def population(self) -> int: ...
@@ -145,14 +166,23 @@ def _load_stackoverflow(spec: DataSpec) -> FederatedData:
     from fedsim.data.stackoverflow.files import sqlite_path
 
     if not spec.root:
-        raise FedsimError(f"data.name = {spec.name!r} needs data.root: the folder with the TFF Stack Overflow "
-                          f"files (stackoverflow.sqlite[.lzma], stackoverflow.word_count[.tar.bz2], "
-                          f"stackoverflow.tag_count[.tar.bz2])")
+        raise FedsimError(
+            f"data.name = {spec.name!r} needs data.root: the folder with the TFF Stack Overflow "
+            f"files (stackoverflow.sqlite[.lzma], stackoverflow.word_count[.tar.bz2], "
+            f"stackoverflow.tag_count[.tar.bz2])"
+        )
     n_all = len(StackOverflowDB(sqlite_path(spec.root, spec.cache_dir)).clients("train"))
-    keep = None if spec.max_users is None or spec.max_users >= n_all else _subset(n_all, spec.max_users,
-                                                                                  spec.subset_seed)
-    settings = SOSettings(SO_TASKS[spec.name], spec.vocab_size, spec.tag_vocab_size, spec.seq_len,
-                          spec.num_oov_buckets, spec.max_elements_per_user)
+    keep = (
+        None if spec.max_users is None or spec.max_users >= n_all else _subset(n_all, spec.max_users, spec.subset_seed)
+    )
+    settings = SOSettings(
+        SO_TASKS[spec.name],
+        spec.vocab_size,
+        spec.tag_vocab_size,
+        spec.seq_len,
+        spec.num_oov_buckets,
+        spec.max_elements_per_user,
+    )
     data = StackOverflowFederated(spec.root, settings, spec.cache_dir, keep)
     if data.population < 2:
         raise FedsimError(f"data: {spec.root} has {data.population} train client(s); at least 2 are needed")
@@ -163,15 +193,19 @@ def _load_images(spec: DataSpec) -> FederatedData:
     from fedsim.data.images import FederatedImages
 
     if not spec.root:
-        raise FedsimError(f"data.name = {spec.name!r} needs data.root: the local Hugging Face folder "
-                          f"(datasets.save_to_disk output or downloaded parquet files)")
-    full = FederatedImages(spec.name, spec.root, spec.num_clients, spec.partition_alpha, spec.subset_seed,
-                           spec.cache_dir)
+        raise FedsimError(
+            f"data.name = {spec.name!r} needs data.root: the local Hugging Face folder "
+            f"(datasets.save_to_disk output or downloaded parquet files)"
+        )
+    full = FederatedImages(
+        spec.name, spec.root, spec.num_clients, spec.partition_alpha, spec.subset_seed, spec.cache_dir
+    )
     if spec.max_users is None or spec.max_users >= full.population:
         return full
     keep = _subset(full.population, spec.max_users, spec.subset_seed)
-    return FederatedImages(spec.name, spec.root, spec.num_clients, spec.partition_alpha, spec.subset_seed,
-                           spec.cache_dir, keep)
+    return FederatedImages(
+        spec.name, spec.root, spec.num_clients, spec.partition_alpha, spec.subset_seed, spec.cache_dir, keep
+    )
 
 
 def _load_leaf_shakespeare(spec: DataSpec) -> FederatedData:
@@ -197,11 +231,14 @@ def load_federated(spec: DataSpec) -> FederatedData:
     if spec.name == "synthetic":
         from fedsim.data.synthetic import SyntheticClassification
 
-        return SyntheticClassification(spec.num_clients, spec.samples_per_user, spec.num_features,
-                                       spec.num_classes, spec.subset_seed)
+        return SyntheticClassification(
+            spec.num_clients, spec.samples_per_user, spec.num_features, spec.num_classes, spec.subset_seed
+        )
     if spec.name != "shakespeare":
-        raise FedsimError(f"data.name = {spec.name!r}: allowed are 'shakespeare', 'shakespeare_leaf', 'femnist', "
-                          f"'cifar100', {', '.join(map(repr, SO_TASKS))}")
+        raise FedsimError(
+            f"data.name = {spec.name!r}: allowed are 'shakespeare', 'shakespeare_leaf', 'femnist', "
+            f"'cifar100', {', '.join(map(repr, SO_TASKS))}"
+        )
     import datasets
     from flwr_datasets.partitioner import NaturalIdPartitioner
 
@@ -225,8 +262,7 @@ def load_federated(spec: DataSpec) -> FederatedData:
             texts_all.append(shakespeare.encode(joined))
     keep = _subset(len(names_all), spec.max_users, spec.subset_seed)
     if len(keep) < 2:
-        raise FedsimError(
-            f"data: only {len(keep)} users have ≥ {spec.min_chars} characters; lower data.min_chars"
-        )
-    return FederatedText([names_all[i] for i in keep], [texts_all[i] for i in keep], spec.window,
-                         shakespeare.VOCAB_SIZE)
+        raise FedsimError(f"data: only {len(keep)} users have ≥ {spec.min_chars} characters; lower data.min_chars")
+    return FederatedText(
+        [names_all[i] for i in keep], [texts_all[i] for i in keep], spec.window, shakespeare.VOCAB_SIZE
+    )

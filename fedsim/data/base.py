@@ -76,8 +76,13 @@ class TopOneClassification:
         """Summable evaluation counts of a batch: ``loss_sum``/``loss_count``, top-1
         ``correct``/``count``, ``examples``."""
         n = float(len(y))
-        return {"loss_sum": float(torch.nn.functional.cross_entropy(out, y, reduction="sum")),
-                "loss_count": n, "correct": float((out.argmax(-1) == y).sum()), "count": n, "examples": n}
+        return {
+            "loss_sum": float(torch.nn.functional.cross_entropy(out, y, reduction="sum")),
+            "loss_count": n,
+            "correct": float((out.argmax(-1) == y).sum()),
+            "count": n,
+            "examples": n,
+        }
 
 
 class CachedArrays(UserCounts):
@@ -109,7 +114,8 @@ class CachedArrays(UserCounts):
     def _rows(self, split: str, u: int, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self._start[split][u] + np.asarray(idx, dtype=np.int64)
         return self._inputs(np.ascontiguousarray(self._x[split][rows])), torch.from_numpy(
-            self._y[split][rows].astype(np.int64))
+            self._y[split][rows].astype(np.int64)
+        )
 
     def train_samples(self, u: int, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Train samples ``idx`` (indices into ``0..num_train(u)−1``) of user ``u``."""
@@ -121,6 +127,6 @@ class CachedArrays(UserCounts):
 
     def majority_baseline(self, users: list[int], max_examples: int | None = None) -> tuple[int, float] | None:
         """The most frequent train label over ``users`` and its accuracy on their test samples."""
-        train = (self._y["train"][self._start["train"][u]: self._start["train"][u] + self.num_train(u)] for u in users)
+        train = (self._y["train"][self._start["train"][u] : self._start["train"][u] + self.num_train(u)] for u in users)
         test = (self.test_samples(u, max_examples)[1].numpy() for u in users)
         return majority(train, test, self.vocab_size)

@@ -27,9 +27,13 @@ SPLITS = ("train", "test", "validation")
 
 def data_files(root: Path) -> list[Path]:
     """The files of ``root`` that define its content (what the cache key hashes)."""
-    return sorted(p for p in root.rglob("*") if p.is_file() and ".fedsim-cache" not in p.parts
-                  and (p.suffix in DATA_SUFFIXES or p.name in ("dataset_info.json", "state.json",
-                                                               "dataset_dict.json")))
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file()
+        and ".fedsim-cache" not in p.parts
+        and (p.suffix in DATA_SUFFIXES or p.name in ("dataset_info.json", "state.json", "dataset_dict.json"))
+    )
 
 
 def _split_of(path: Path) -> str:
@@ -45,8 +49,10 @@ def load_hf_folder(root: str | Path, cache_dir: Path | None = None) -> dict[str,
     datasets.disable_progress_bars()
     root = Path(root)
     if not root.is_dir():
-        raise FedsimError(f"data.root = {str(root)!r} is not a folder; point it at the dataset saved with "
-                          f"datasets.save_to_disk or at the folder of downloaded parquet/CSV files")
+        raise FedsimError(
+            f"data.root = {str(root)!r} is not a folder; point it at the dataset saved with "
+            f"datasets.save_to_disk or at the folder of downloaded parquet/CSV files"
+        )
     if (root / "dataset_dict.json").exists() or (root / "state.json").exists():
         try:
             ds = datasets.load_from_disk(str(root))
@@ -61,13 +67,16 @@ def load_hf_folder(root: str | Path, cache_dir: Path | None = None) -> dict[str,
         for f in files:
             by_split.setdefault(_split_of(f), []).append(str(f))
         try:
-            dd = datasets.load_dataset(kind, data_files=by_split,
-                                       cache_dir=None if cache_dir is None else str(cache_dir / "hf"))
+            dd = datasets.load_dataset(
+                kind, data_files=by_split, cache_dir=None if cache_dir is None else str(cache_dir / "hf")
+            )
         except Exception as e:
             raise FedsimError(f"{root}: could not read the {kind} files ({e})") from None
         return dict(dd)
-    raise FedsimError(f"{root}: neither a datasets.save_to_disk folder (dataset_dict.json / state.json) "
-                      f"nor any *.parquet or *.csv file")
+    raise FedsimError(
+        f"{root}: neither a datasets.save_to_disk folder (dataset_dict.json / state.json) "
+        f"nor any *.parquet or *.csv file"
+    )
 
 
 def split_source(root: str | Path, split: str) -> str:

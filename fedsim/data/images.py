@@ -73,8 +73,10 @@ def _check_columns(name: str, splits: dict[str, Any], layout: ImageLayout, root:
         want = [c for c in (layout.image, layout.label, layout.user) if c is not None]
         missing = [c for c in want if c not in cols]
         if missing:
-            raise FedsimError(f"{split_source(root, split)}: split '{split}' lacks column(s) {missing} of the "
-                              f"{name} layout (expected {want}; found {sorted(cols)})")
+            raise FedsimError(
+                f"{split_source(root, split)}: split '{split}' lacks column(s) {missing} of the "
+                f"{name} layout (expected {want}; found {sorted(cols)})"
+            )
 
 
 def _pixels(ds: Any, column: str, layout: ImageLayout, root: Path) -> np.ndarray:
@@ -83,7 +85,7 @@ def _pixels(ds: Any, column: str, layout: ImageLayout, root: Path) -> np.ndarray
     out = np.empty((n, layout.channels, layout.size, layout.size), dtype=np.uint8)
     mode = "L" if layout.channels == 1 else "RGB"
     for s in range(0, n, 4096):
-        for i, img in enumerate(ds[s: s + 4096][column]):
+        for i, img in enumerate(ds[s : s + 4096][column]):
             if hasattr(img, "convert"):
                 arr = np.asarray(img.convert(mode), dtype=np.uint8)
             else:
@@ -91,8 +93,10 @@ def _pixels(ds: Any, column: str, layout: ImageLayout, root: Path) -> np.ndarray
             if arr.ndim == 2:
                 arr = arr[:, :, None]
             if arr.shape[:2] != (layout.size, layout.size) or arr.shape[2] != layout.channels:
-                raise FedsimError(f"{root}: row {s + i} of column '{column}' is {arr.shape}, expected "
-                                  f"{layout.size}×{layout.size}×{layout.channels}")
+                raise FedsimError(
+                    f"{root}: row {s + i} of column '{column}' is {arr.shape}, expected "
+                    f"{layout.size}×{layout.size}×{layout.channels}"
+                )
             out[s + i] = arr.transpose(2, 0, 1)
     return out
 
@@ -131,29 +135,46 @@ def _build(name: str, root: Path, num_clients: int, alpha: float, seed: int, cac
             te_idx.append(r[k:])
         x = _pixels(train, layout.image, layout, root)
         y = _labels(train, layout.label, layout, root)
-        return {"names": names, "train_x": x, "train_y": y, "test_x": None, "test_y": None,
-                "train_idx": tr_idx, "test_idx": te_idx}
+        return {
+            "names": names,
+            "train_x": x,
+            "train_y": y,
+            "test_x": None,
+            "test_y": None,
+            "train_idx": tr_idx,
+            "test_idx": te_idx,
+        }
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
 
     test = splits["test"]
     if num_clients < 2 or num_clients > len(train) or num_clients > len(test):
-        raise FedsimError(f"data.num_clients = {num_clients}: needs 2 ≤ num_clients ≤ the rows of each split "
-                          f"({len(train)} train, {len(test)} test)")
-    dp = DirichletPartitioner(num_partitions=num_clients, partition_by=layout.label, alpha=alpha,
-                              min_partition_size=1, seed=seed)
+        raise FedsimError(
+            f"data.num_clients = {num_clients}: needs 2 ≤ num_clients ≤ the rows of each split "
+            f"({len(train)} train, {len(test)} test)"
+        )
+    dp = DirichletPartitioner(
+        num_partitions=num_clients, partition_by=layout.label, alpha=alpha, min_partition_size=1, seed=seed
+    )
     dp.dataset = _with_row(train.select_columns([layout.label]))
     ip = IidPartitioner(num_partitions=num_clients)
     ip.dataset = _with_row(test.select_columns([layout.label]))
     try:
         tr_idx = [sorted(dp.load_partition(u)[ROW]) for u in range(num_clients)]
     except ValueError as e:
-        raise FedsimError(f"data.partition_alpha = {alpha}: flwr-datasets could not deal the train split to "
-                          f"{num_clients} users ({e}); raise partition_alpha or lower num_clients") from None
+        raise FedsimError(
+            f"data.partition_alpha = {alpha}: flwr-datasets could not deal the train split to "
+            f"{num_clients} users ({e}); raise partition_alpha or lower num_clients"
+        ) from None
     te_idx = [list(ip.load_partition(u)[ROW]) for u in range(num_clients)]
-    return {"names": [f"client_{u:05d}" for u in range(num_clients)],
-            "train_x": _pixels(train, layout.image, layout, root), "train_y": _labels(train, layout.label, layout, root),
-            "test_x": _pixels(test, layout.image, layout, root), "test_y": _labels(test, layout.label, layout, root),
-            "train_idx": tr_idx, "test_idx": te_idx}
+    return {
+        "names": [f"client_{u:05d}" for u in range(num_clients)],
+        "train_x": _pixels(train, layout.image, layout, root),
+        "train_y": _labels(train, layout.label, layout, root),
+        "test_x": _pixels(test, layout.image, layout, root),
+        "test_y": _labels(test, layout.label, layout, root),
+        "train_idx": tr_idx,
+        "test_idx": te_idx,
+    }
 
 
 ROW = "__fedsim_row"
@@ -193,8 +214,16 @@ class FederatedImages(TopOneClassification, CachedArrays):
     keep : indices of users to keep (None: all).
     """
 
-    def __init__(self, name: str, root: str | Path, num_clients: int = 500, partition_alpha: float = 0.1,
-                 seed: int = 0, cache_dir: str | Path | None = None, keep: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        root: str | Path,
+        num_clients: int = 500,
+        partition_alpha: float = 0.1,
+        seed: int = 0,
+        cache_dir: str | Path | None = None,
+        keep: list[int] | None = None,
+    ) -> None:
         from fedsim.data.shakespeare import default_cache_dir
 
         if name not in LAYOUTS:
@@ -204,8 +233,10 @@ class FederatedImages(TopOneClassification, CachedArrays):
         self.layout = LAYOUTS[name]
         root = Path(root)
         if not root.is_dir():
-            raise FedsimError(f"data.root = {str(root)!r} is not a folder; point it at the {name} dataset saved "
-                              f"with datasets.save_to_disk or at its downloaded parquet files")
+            raise FedsimError(
+                f"data.root = {str(root)!r} is not a folder; point it at the {name} dataset saved "
+                f"with datasets.save_to_disk or at its downloaded parquet files"
+            )
         cache = Path(cache_dir) if cache_dir else default_cache_dir()
         folder = cache_folder(cache, name, root, CACHE_VERSION, [num_clients, partition_alpha, seed])
         build_once(folder, lambda tmp: _save(tmp, _build(name, root, num_clients, partition_alpha, seed, cache)))

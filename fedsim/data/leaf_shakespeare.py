@@ -37,8 +37,10 @@ def _build(root: Path, cache: Path, tmp: Path) -> None:
         raise FedsimError(f"{root}: no 'train' split; found {sorted(splits)}")
     missing = [c for c in COLUMNS if c not in ds.column_names]
     if missing:
-        raise FedsimError(f"{split_source(root, 'train')}: lacks column(s) {missing} of the flwrlabs/shakespeare layout "
-                          f"(expected {list(COLUMNS)}; found {sorted(ds.column_names)})")
+        raise FedsimError(
+            f"{split_source(root, 'train')}: lacks column(s) {missing} of the flwrlabs/shakespeare layout "
+            f"(expected {list(COLUMNS)}; found {sorted(ds.column_names)})"
+        )
     xs, ys = ds["x"], ds["y"]
     if not xs:
         raise FedsimError(f"{root}: the dataset has no rows")
@@ -47,8 +49,9 @@ def _build(root: Path, cache: Path, tmp: Path) -> None:
     y = np.zeros(len(ys), dtype=np.uint8)
     for i, (a, b) in enumerate(zip(xs, ys)):
         if not isinstance(a, str) or len(a) != w:
-            raise FedsimError(f"{root}: row {i}: column 'x' must be a string of {w} characters like row 0, "
-                              f"got {a!r:.40}")
+            raise FedsimError(
+                f"{root}: row {i}: column 'x' must be a string of {w} characters like row 0, got {a!r:.40}"
+            )
         if not isinstance(b, str) or len(b) != 1:
             raise FedsimError(f"{root}: row {i}: column 'y' must be one character, got {b!r:.40}")
         x[i] = shakespeare.encode(a)
@@ -69,9 +72,12 @@ def _build(root: Path, cache: Path, tmp: Path) -> None:
         names.append(str(part.partition_id_to_natural_id[pid]))
         tr.append(r[:k])
         te.append(r[k:])
-    meta = {"names": names, "window": w,
-            "train_counts": user_contiguous(tmp, "train", x, y, tr),
-            "test_counts": user_contiguous(tmp, "test", x, y, te)}
+    meta = {
+        "names": names,
+        "window": w,
+        "train_counts": user_contiguous(tmp, "train", x, y, tr),
+        "test_counts": user_contiguous(tmp, "test", x, y, te),
+    }
     (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
@@ -90,11 +96,14 @@ class LeafShakespeare(TopOneClassification, CachedArrays):
     def __init__(self, root: str | Path, cache_dir: str | Path | None = None, keep: list[int] | None = None) -> None:
         root = Path(root)
         if not root.is_dir():
-            raise FedsimError(f"data.root = {str(root)!r} is not a folder; point it at the flwrlabs/shakespeare "
-                              f"download (shakespeare.csv) or a save_to_disk copy")
+            raise FedsimError(
+                f"data.root = {str(root)!r} is not a folder; point it at the flwrlabs/shakespeare "
+                f"download (shakespeare.csv) or a save_to_disk copy"
+            )
         cache = Path(cache_dir) if cache_dir else shakespeare.default_cache_dir()
-        folder = build_once(cache_folder(cache, "shakespeare_leaf", root, CACHE_VERSION, []),
-                            lambda tmp: _build(root, cache, tmp))
+        folder = build_once(
+            cache_folder(cache, "shakespeare_leaf", root, CACHE_VERSION, []), lambda tmp: _build(root, cache, tmp)
+        )
         meta = self._open(folder, keep)
         self.window = int(meta["window"])
         self.vocab_size = shakespeare.VOCAB_SIZE

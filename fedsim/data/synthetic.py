@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ class _Names(Sequence[str]):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, u):  # type: ignore[override]
+    def __getitem__(self, u: Any) -> Any:
         if isinstance(u, slice):
             return [self[i] for i in range(*u.indices(self.n))]
         if not -self.n <= u < self.n:
@@ -55,8 +56,9 @@ class SyntheticClassification(TopOneClassification):
     def __init__(self, users: int, samples: int, features: int, classes: int, seed: int = 0) -> None:
         self.users, self.m, self.d, self.k, self.seed = int(users), int(samples), int(features), int(classes), seed
         self.m_test = -(-self.m // 4)
-        self.means = torch.from_numpy(np.random.default_rng([seed, 2**31]).normal(0.0, 1.0, (classes, features))
-                                      .astype(np.float32))
+        self.means = torch.from_numpy(
+            np.random.default_rng([seed, 2**31]).normal(0.0, 1.0, (classes, features)).astype(np.float32)
+        )
         self.vocab_size = classes
         self._cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 

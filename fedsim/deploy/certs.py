@@ -38,8 +38,9 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 _HOST = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
@@ -52,49 +53,79 @@ def _names(hosts: list[str]) -> list[x509.GeneralName]:
             out.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             if not _HOST.fullmatch(h or "") or len(h) > 253:
-                raise FedsimError(f"--host {h!r} is neither an IP address nor a host name (letters, digits, "
-                                  f"hyphens and dots, e.g. superlink.example.org)") from None
+                raise FedsimError(
+                    f"--host {h!r} is neither an IP address nor a host name (letters, digits, "
+                    f"hyphens and dots, e.g. superlink.example.org)"
+                ) from None
             out.append(x509.DNSName(h))
     return out
 
 
-def make_ca(out: Path, common_name: str = "fedsim deployment CA", days: int = 365) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def make_ca(
+    out: Path, common_name: str = "fedsim deployment CA", days: int = 365
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """Write ``ca.pem`` and ``ca.key`` into ``out``; return the key and certificate."""
     key = ec.generate_private_key(ec.SECP384R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, encipher_only=False,
-                                         decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA384()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA384())
+    )
     (out / "ca.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_private(out / "ca.key", _pem_key(key))
     return key, cert
 
 
-def make_server_cert(out: Path, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, hosts: list[str],
-                     days: int = 365, stem: str = "server") -> None:
+def make_server_cert(
+    out: Path,
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    hosts: list[str],
+    days: int = 365,
+    stem: str = "server",
+) -> None:
     """Write ``<stem>.pem`` and ``<stem>.key``: a TLS server certificate for ``hosts``."""
     if not hosts:
         raise FedsimError("give at least one --host (the names and addresses clients use to reach the SuperLink)")
     key = ec.generate_private_key(ec.SECP384R1())
     now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.SubjectAlternativeName(_names(hosts)), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA384()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(_names(hosts)), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA384())
+    )
     (out / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_private(out / f"{stem}.key", _pem_key(key))
 
@@ -105,11 +136,16 @@ def make_node_key(out: Path, name: str) -> Path:
     if not name or "/" in name or name.startswith("."):
         raise FedsimError(f"node name {name!r}: use a plain file name like node-0")
     key = ec.generate_private_key(ec.SECP384R1())
-    _write_private(out / name, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                                 serialization.NoEncryption()))
+    _write_private(
+        out / name,
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
+    )
     pub = out / f"{name}.pub"
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                  serialization.PublicFormat.OpenSSH) + b"\n")
+    pub.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n"
+    )
     return pub
 
 
@@ -120,7 +156,8 @@ def make_all(out: str | Path, hosts: list[str], nodes: int, days: int = 365) -> 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     planned = ["ca.pem", "ca.key", "server.pem", "server.key"] + [
-        f for i in range(nodes) for f in (f"node-{i}", f"node-{i}.pub", f"node-{i}-tls.pem", f"node-{i}-tls.key")]
+        f for i in range(nodes) for f in (f"node-{i}", f"node-{i}.pub", f"node-{i}-tls.pem", f"node-{i}-tls.key")
+    ]
     clash = [f for f in planned if (out / f).exists()]
     if clash:
         raise FedsimError(f"{out} already holds {clash[:4]}; choose an empty --out (nothing was overwritten)")
@@ -139,5 +176,8 @@ def make_all(out: str | Path, hosts: list[str], nodes: int, days: int = 365) -> 
         for f in planned:
             (out / f).unlink(missing_ok=True)
         raise
-    return {"ca": [str(out / "ca.pem")], "server": [str(out / "server.pem"), str(out / "server.key")],
-            "node_public_keys": keys}
+    return {
+        "ca": [str(out / "ca.pem")],
+        "server": [str(out / "server.pem"), str(out / "server.key")],
+        "node_public_keys": keys,
+    }

@@ -58,7 +58,7 @@ class NodeView:
         self.keep = np.asarray(keep, dtype=np.int64)
         self.task = data.task
         self.vocab_size = data.vocab_size
-        self.names = [data.names[int(u)] for u in self.keep]  # type: ignore[attr-defined]
+        self.names = [data.names[int(u)] for u in self.keep]
 
     @property
     def population(self) -> int:
@@ -140,8 +140,10 @@ def merge_census(replies: dict[int, dict[str, Any]]) -> tuple[CensusData, dict[i
         if dims is None:
             dims, task = dict(r["dims"]), str(r["task"])
         elif dict(r["dims"]) != dims:
-            raise FedsimError(f"node {node} reports model dimensions {r['dims']} but another node {dims}: "
-                              f"the nodes hold different datasets or settings")
+            raise FedsimError(
+                f"node {node} reports model dimensions {r['dims']} but another node {dims}: "
+                f"the nodes hold different datasets or settings"
+            )
         for i, (name, ntr, nte) in enumerate(zip(r["names"], r["num_train"], r["num_test"])):
             rows.append((str(name), int(node), i, int(ntr), int(nte)))
     if dims is None or not rows:
@@ -149,9 +151,16 @@ def merge_census(replies: dict[int, dict[str, Any]]) -> tuple[CensusData, dict[i
     rows.sort()
     for a, b in zip(rows, rows[1:]):
         if a[0] == b[0]:
-            raise FedsimError(f"user {a[0]!r} is held by nodes {a[1]} and {b[1]}; give each node a disjoint "
-                              f"user-shard (a user counted twice would break the privacy accounting)")
-    data = CensusData([r[0] for r in rows], np.array([r[3] for r in rows], dtype=np.int64),
-                      np.array([r[4] for r in rows], dtype=np.int64), dims, str(task))
+            raise FedsimError(
+                f"user {a[0]!r} is held by nodes {a[1]} and {b[1]}; give each node a disjoint "
+                f"user-shard (a user counted twice would break the privacy accounting)"
+            )
+    data = CensusData(
+        [r[0] for r in rows],
+        np.array([r[3] for r in rows], dtype=np.int64),
+        np.array([r[4] for r in rows], dtype=np.int64),
+        dims,
+        str(task),
+    )
     owners = {g: (r[1], r[2]) for g, r in enumerate(rows)}
     return data, owners

@@ -66,11 +66,15 @@ def parse_run_config(run_config: dict[str, Any], app_dir: Path | None = None) ->
     overrides = [item.strip() for item in str(run_config.get("set", "")).split(";") if item.strip()]
     cfg = load_config(_resolve(str(run_config.get("config", DEFAULT_CONFIG)), app_dir), overrides)
     if cfg.client.error_feedback == "server":
-        raise FedsimError("client.error_feedback = 'server' has no privacy guarantee (ε = ∞) and is refused in "
-                          "deployment; use client.error_feedback = 'none' or 'client'")
+        raise FedsimError(
+            "client.error_feedback = 'server' has no privacy guarantee (ε = ∞) and is refused in "
+            "deployment; use client.error_feedback = 'none' or 'client'"
+        )
     if cfg.client.error_feedback == "client":
-        raise FedsimError("client.error_feedback = 'client' keeps every user's error state in the simulator; "
-                          "it is not available in deployment")
+        raise FedsimError(
+            "client.error_feedback = 'client' keeps every user's error state in the simulator; "
+            "it is not available in deployment"
+        )
     out = str(run_config.get("out-dir", "")).strip()
     out_dir = Path(out) if out else Path("runs") / f"deploy-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{cfg.name}"
     try:
@@ -94,8 +98,10 @@ def run_deployment(grid: Any, run_config: dict[str, Any], app_dir: Path | None =
     deadline = time.monotonic() + timeout
     while len(list(grid.get_node_ids())) < min_nodes:
         if time.monotonic() > deadline:
-            raise FedsimError(f"only {len(list(grid.get_node_ids()))} of min-nodes = {min_nodes} SuperNodes "
-                              f"connected within {timeout:.0f} s")
+            raise FedsimError(
+                f"only {len(list(grid.get_node_ids()))} of min-nodes = {min_nodes} SuperNodes "
+                f"connected within {timeout:.0f} s"
+            )
         time.sleep(0.2)
     data, owners = merge_census(census(grid, DataSpec.from_config(cfg.data).to_json(), timeout))
     deployment = Deployment(grid, data, owners, min_nodes, PrivacyKey.generate())

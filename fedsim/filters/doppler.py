@@ -132,8 +132,9 @@ class DopplerFilter(Filter):
 
     name = "doppler"
 
-    def __init__(self, preset: str | None = DEFAULT_PRESET, b: Sequence[float] | None = None,
-                 a: Sequence[float] | None = None) -> None:
+    def __init__(
+        self, preset: str | None = DEFAULT_PRESET, b: Sequence[float] | None = None, a: Sequence[float] | None = None
+    ) -> None:
         super().__init__()
         if b is None:
             if a is not None:

@@ -84,8 +84,12 @@ class EMAFilter(Filter):
 
     def state_dict(self) -> dict[str, Any]:
         """See :meth:`Filter.state_dict`: κ, the round and ``g̃_{t−1}``."""
-        return {"name": self.name, **self._settings(), "t": self.t,
-                "g_tilde": None if self._state is None else self._state.clone()}
+        return {
+            "name": self.name,
+            **self._settings(),
+            "t": self.t,
+            "g_tilde": None if self._state is None else self._state.clone(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """See :meth:`Filter.load_state_dict`; the settings must match this filter's."""
@@ -121,7 +125,9 @@ class DiskFilter(EMAFilter):
 
     name = "disk"
 
-    def __init__(self, mode: str = "two_point", kappa: float = DEFAULT_KAPPA, gamma: float | None = DEFAULT_GAMMA) -> None:
+    def __init__(
+        self, mode: str = "two_point", kappa: float = DEFAULT_KAPPA, gamma: float | None = DEFAULT_GAMMA
+    ) -> None:
         super().__init__(kappa)
         if mode not in DISK_MODES:
             raise FedsimError(f"filter.mode = {mode!r} is unknown; use one of {', '.join(DISK_MODES)}")

@@ -43,8 +43,9 @@ class CharLSTM(nn.Module):
         ``nn.LSTM``'s, so the server and every client must build the same variant.
     """
 
-    def __init__(self, vocab_size: int, embed_dim: int = 8, hidden: int = 256, layers: int = 2,
-                 dp_layers: bool = False) -> None:
+    def __init__(
+        self, vocab_size: int, embed_dim: int = 8, hidden: int = 256, layers: int = 2, dp_layers: bool = False
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, embed_dim)
         if dp_layers:
@@ -128,14 +129,28 @@ class SmallCNN(nn.Module):
     hidden : the dense layer's width.
     """
 
-    def __init__(self, channels: int, size: int, num_classes: int, widths: tuple[int, int] = (32, 64),
-                 kernel: int = 5, hidden: int = 2048, dp_layers: bool = False) -> None:
+    def __init__(
+        self,
+        channels: int,
+        size: int,
+        num_classes: int,
+        widths: tuple[int, int] = (32, 64),
+        kernel: int = 5,
+        hidden: int = 2048,
+        dp_layers: bool = False,
+    ) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(channels, widths[0], kernel, padding=kernel // 2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(widths[0], widths[1], kernel, padding=kernel // 2), nn.ReLU(), nn.MaxPool2d(2))
-        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(widths[1] * (size // 4) ** 2, hidden), nn.ReLU(),
-                                        nn.Linear(hidden, num_classes))
+            nn.Conv2d(channels, widths[0], kernel, padding=kernel // 2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(widths[0], widths[1], kernel, padding=kernel // 2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(widths[1] * (size // 4) ** 2, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
@@ -148,8 +163,11 @@ class _Block(nn.Module):
         self.n1 = nn.GroupNorm(groups, cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.n2 = nn.GroupNorm(groups, cout)
-        self.short = (nn.Sequential() if stride == 1 and cin == cout else
-                      nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(groups, cout)))
+        self.short = (
+            nn.Sequential()
+            if stride == 1 and cin == cout
+            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(groups, cout))
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.n1(self.conv1(x)))
@@ -188,9 +206,15 @@ MODELS: dict[str, tuple[str, type[nn.Module], dict[str, Any]]] = {
     "logreg": ("vector", LogReg, {}),
 }
 #: the task of each dataset (``data.name``)
-DATA_TASKS = {"shakespeare": "char", "shakespeare_leaf": "char", "stackoverflow_nwp": "nwp",
-              "stackoverflow_tag": "tag",
-              "femnist": "femnist", "cifar100": "cifar100", "synthetic": "vector"}
+DATA_TASKS = {
+    "shakespeare": "char",
+    "shakespeare_leaf": "char",
+    "stackoverflow_nwp": "nwp",
+    "stackoverflow_tag": "tag",
+    "femnist": "femnist",
+    "cifar100": "cifar100",
+    "synthetic": "vector",
+}
 
 
 def model_task(name: str) -> str:
@@ -210,11 +234,19 @@ def make_model(name: str, dims: int | dict[str, int], seed: int = 0, dp_layers: 
     if isinstance(dims, int):
         dims = {"vocab_size": dims}
     image = ("channels", "num_classes", "size")
-    want = {"char": ("vocab_size",), "nwp": ("num_classes",), "tag": ("in_features", "out_features"),
-            "femnist": image, "cifar100": image, "vector": ("in_features", "num_classes")}[task]
+    want = {
+        "char": ("vocab_size",),
+        "nwp": ("num_classes",),
+        "tag": ("in_features", "out_features"),
+        "femnist": image,
+        "cifar100": image,
+        "vector": ("in_features", "num_classes"),
+    }[task]
     if tuple(sorted(dims)) != tuple(sorted(want)):
-        raise FedsimError(f"model.name = {name!r} is a {task!r} model; the dataset gives {sorted(dims)} "
-                          f"(pick a model for the dataset's task)")
+        raise FedsimError(
+            f"model.name = {name!r} is a {task!r} model; the dataset gives {sorted(dims)} "
+            f"(pick a model for the dataset's task)"
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return cls(**dims, **kwargs, dp_layers=dp_layers)

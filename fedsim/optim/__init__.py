@@ -51,7 +51,11 @@ class ServerOptimizer(ABC):
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "t": self.t, **{k: (None if v is None else v.clone()) for k, v in self._tensors().items()}}
+        return {
+            "name": self.name,
+            "t": self.t,
+            **{k: (None if v is None else v.clone()) for k, v in self._tensors().items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:
@@ -90,8 +94,9 @@ class Momentum(ServerOptimizer):
 class Adam(ServerOptimizer):
     name = "adam"
 
-    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-3,
-                 bias_correction: bool = True) -> None:
+    def __init__(
+        self, lr: float, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-3, bias_correction: bool = True
+    ) -> None:
         super().__init__(lr)
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
         self.bias_correction = bool(bias_correction)
@@ -145,8 +150,15 @@ class Yogi(ServerOptimizer):
 
     name = "yogi"
 
-    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-3,
-                 bias_correction: bool = True, v0: float | None = None) -> None:
+    def __init__(
+        self,
+        lr: float,
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        eps: float = 1e-3,
+        bias_correction: bool = True,
+        v0: float | None = None,
+    ) -> None:
         super().__init__(lr)
         _check_betas(beta1, beta2)
         if not eps > 0:
@@ -226,20 +238,33 @@ class AdamBC(ServerOptimizer):
 
     name = "adambc"
 
-    def __init__(self, lr: float, noise_variance: Callable[[int], float], beta1: float = 0.9,
-                 beta2: float = 0.99, gamma_frac: float = 0.01, bias_correct: bool = True) -> None:
+    def __init__(
+        self,
+        lr: float,
+        noise_variance: Callable[[int], float],
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        gamma_frac: float = 0.01,
+        bias_correct: bool = True,
+    ) -> None:
         super().__init__(lr)
         _check_betas(beta1, beta2)
         if noise_variance is None or not callable(noise_variance):
-            raise FedsimError("adambc needs the noise mechanism's per-coordinate variance Φ_t as a "
-                              "callable noise_variance(t) -> float")
+            raise FedsimError(
+                "adambc needs the noise mechanism's per-coordinate variance Φ_t as a "
+                "callable noise_variance(t) -> float"
+            )
         gamma_frac = float(gamma_frac)
         if not (math.isfinite(gamma_frac) and gamma_frac > 0):
             raise FedsimError(f"server.gamma_frac must be finite and > 0 (got {gamma_frac})")
         if gamma_frac >= 1:
-            warnings.warn(f"server.gamma_frac = {gamma_frac} >= 1 makes AdamBC's floor γ′ ≥ Φ: v̂ is "
-                          "then (almost) always γ′ and AdamBC silently becomes momentum SGD; "
-                          "use gamma_frac < 1 (default 0.01)", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"server.gamma_frac = {gamma_frac} >= 1 makes AdamBC's floor γ′ ≥ Φ: v̂ is "
+                "then (almost) always γ′ and AdamBC silently becomes momentum SGD; "
+                "use gamma_frac < 1 (default 0.01)",
+                UserWarning,
+                stacklevel=2,
+            )
         self.noise_variance = noise_variance
         self.beta1, self.beta2 = float(beta1), float(beta2)
         self.gamma_frac = gamma_frac
@@ -297,10 +322,17 @@ def _check_betas(beta1: float, beta2: float) -> None:
             raise FedsimError(f"server.{nm} must be in [0, 1) (got {b})")
 
 
-def make_optimizer(name: str, lr: float, momentum: float = 0.9, beta1: float = 0.9,
-                   beta2: float = 0.99, eps: float = 1e-3, bias_correction: bool = True,
-                   noise_variance: Callable[[int], float] | None = None,
-                   gamma_frac: float = 0.01) -> ServerOptimizer:
+def make_optimizer(
+    name: str,
+    lr: float,
+    momentum: float = 0.9,
+    beta1: float = 0.9,
+    beta2: float = 0.99,
+    eps: float = 1e-3,
+    bias_correction: bool = True,
+    noise_variance: Callable[[int], float] | None = None,
+    gamma_frac: float = 0.01,
+) -> ServerOptimizer:
     """The server optimizer called ``name``.
 
     Parameters
@@ -331,8 +363,10 @@ def make_optimizer(name: str, lr: float, momentum: float = 0.9, beta1: float = 0
         return Yogi(lr, beta1, beta2, eps, bias_correction)
     if name == "adambc":
         if noise_variance is None:
-            raise FedsimError("server.optimizer = 'adambc' needs the noise mechanism's per-coordinate "
-                              "variance Φ_t (noise_variance); it is computed from the DP noise, so "
-                              "adambc requires a DP run with noise")
+            raise FedsimError(
+                "server.optimizer = 'adambc' needs the noise mechanism's per-coordinate "
+                "variance Φ_t (noise_variance); it is computed from the DP noise, so "
+                "adambc requires a DP run with noise"
+            )
         return AdamBC(lr, noise_variance, beta1, beta2, gamma_frac)
     raise FedsimError(f"server.optimizer = {name!r}: allowed are sgd, momentum, adam, yogi, adambc")

@@ -49,13 +49,16 @@ PLD_DISCRETIZATION = 1e-4
 
 
 #: How each neighbouring relation is printed next to an ε.
-RELATION_LABELS = {"add_or_remove_one": "add/remove one user", "replace_one": "replace one user",
-                   "zero_out": "zero-out of one user"}
+RELATION_LABELS = {
+    "add_or_remove_one": "add/remove one user",
+    "replace_one": "replace one user",
+    "zero_out": "zero-out of one user",
+}
 
 
 def default_delta(population: int) -> float:
     """δ = 1 / N^1.1 (smaller than 1/N, as is customary)."""
-    return 1.0 / float(population) ** 1.1
+    return float(1.0 / float(population) ** 1.1)
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,7 @@ class AccountingSpec:
     @property
     def sampling_rate(self) -> float:
         if self.amplified:  # p = K̄ / group size: N/b expected (keyed) or ⌊N/b⌋ (shuffle)
-            group = (self.population / self.min_sep if self.assignment == "keyed"
-                     else self.population // self.min_sep)
+            group = self.population / self.min_sep if self.assignment == "keyed" else self.population // self.min_sep
             return self.cohort_size / group
         if self.scheme in ("epochs", "min_sep"):
             return 1.0
@@ -174,21 +176,26 @@ class AccountingSpec:
     def describe_events(self) -> str:
         """Human-readable account of how ε is computed."""
         if self.no_guarantee:
-            return ("NonPrivateDpEvent (no guarantee: server-side error feedback releases unclipped "
-                    "residuals, epsilon = inf)")
+            return (
+                "NonPrivateDpEvent (no guarantee: server-side error feedback releases unclipped "
+                "residuals, epsilon = inf)"
+            )
         if self.mechanism == "none":
             return "NonPrivateDpEvent (no noise: epsilon = inf)"
         if self.is_mf and not self.amplified:
-            return (f"{self.round_event()} once for the whole run (matrix factorization: "
-                    f"sens(C) is inside the noise)")
+            return f"{self.round_event()} once for the whole run (matrix factorization: sens(C) is inside the noise)"
         return f"SelfComposedDpEvent({self.round_event()}, count) with count = {self.compositions(1)} per " + (
-            f"{self.min_sep} rounds" if self.amplified else "round")
+            f"{self.min_sep} rounds" if self.amplified else "round"
+        )
 
     def make_accountant(self) -> dp_accounting.PrivacyAccountant:
         """A fresh dp-accounting accountant of the right kind and adjacency."""
         if self.effective_accountant == "rdp":
-            rel = (dp_accounting.NeighboringRelation.REPLACE_ONE if self.scheme == "fixed"
-                   else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+            rel = (
+                dp_accounting.NeighboringRelation.REPLACE_ONE
+                if self.scheme == "fixed"
+                else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+            )
             return dp_accounting.rdp.RdpAccountant(neighboring_relation=rel)
         return dp_accounting.pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
 
@@ -250,8 +257,10 @@ def calibrate_noise_multiplier(spec: AccountingSpec, rounds: int, target_epsilon
     if spec.mechanism == "none":
         raise FedsimError("privacy.target_epsilon needs a DP mechanism, not 'none'")
     if spec.no_guarantee:
-        raise FedsimError("this configuration has no finite ε to calibrate for (no guarantee); "
-                          "set privacy.noise_multiplier instead of privacy.target_epsilon")
+        raise FedsimError(
+            "this configuration has no finite ε to calibrate for (no guarantee); "
+            "set privacy.noise_multiplier instead of privacy.target_epsilon"
+        )
     if target_epsilon <= 0:
         raise FedsimError("privacy.target_epsilon must be > 0")
 
@@ -266,17 +275,29 @@ def calibrate_noise_multiplier(spec: AccountingSpec, rounds: int, target_epsilon
     try:
         # RDP upper-bounds ε and is cheap at any z: its calibrated z is feasible for
         # PLD too and brackets the search from above without huge PLDs at tiny z.
-        z_hi = float(dp_accounting.calibrate_dp_mechanism(
-            rdp_accountant, make_event, target_epsilon, spec.delta,
-            bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-4))
+        z_hi = float(
+            dp_accounting.calibrate_dp_mechanism(
+                rdp_accountant,
+                make_event,
+                target_epsilon,
+                spec.delta,
+                bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
+                tol=1e-4,
+            )
+        )
         if spec.effective_accountant == "rdp":
             return z_hi
         z_lo = 0.5 * z_hi
         while epsilon(replace(spec, noise_multiplier=z_lo), rounds) <= target_epsilon:
             z_hi, z_lo = z_lo, 0.5 * z_lo
         z = dp_accounting.calibrate_dp_mechanism(
-            spec.make_accountant, make_event, target_epsilon, spec.delta,
-            bracket_interval=dp_accounting.ExplicitBracketInterval(z_lo, z_hi), tol=1e-4)
+            spec.make_accountant,
+            make_event,
+            target_epsilon,
+            spec.delta,
+            bracket_interval=dp_accounting.ExplicitBracketInterval(z_lo, z_hi),
+            tol=1e-4,
+        )
     except MemoryError:
         raise FedsimError(
             f"cannot calibrate privacy.noise_multiplier for target ε = {target_epsilon}: the PLD "

@@ -53,7 +53,7 @@ def update_noise_multiplier(z: float, count_stddev: float, participations: int =
     if z <= 0:
         raise FedsimError("adaptive clipping needs a DP mechanism with noise_multiplier > 0")
     k = int(participations)
-    rest = z ** -2 - k * (2.0 * count_stddev) ** -2
+    rest = z**-2 - k * (2.0 * count_stddev) ** -2
     if rest <= 0:
         need = z * math.sqrt(k) / 2.0
         raise FedsimError(
@@ -62,12 +62,12 @@ def update_noise_multiplier(z: float, count_stddev: float, participations: int =
             f"raise clipping.count_stddev (default K̄/20; more count noise costs little) "
             f"or accept a smaller z (a larger privacy.target_epsilon)"
         )
-    return rest ** -0.5
+    return float(rest**-0.5)
 
 
 def combined_noise_multiplier(z_update: float, count_stddev: float, participations: int = 1) -> float:
     """Inverse of :func:`update_noise_multiplier`: ``(z_Δ^{−2} + k·(2σ_b)^{−2})^{−1/2}``."""
-    return (z_update ** -2 + int(participations) * (2.0 * count_stddev) ** -2) ** -0.5
+    return float((z_update**-2 + int(participations) * (2.0 * count_stddev) ** -2) ** -0.5)
 
 
 class AdaptiveClip:
@@ -84,8 +84,15 @@ class AdaptiveClip:
         draw per round ``t`` from its sub-key ``("count", t)``.
     """
 
-    def __init__(self, initial: float, target_quantile: float, lr: float, count_stddev: float,
-                 expected_cohort: float, seed: PrivacyKey | int) -> None:
+    def __init__(
+        self,
+        initial: float,
+        target_quantile: float,
+        lr: float,
+        count_stddev: float,
+        expected_cohort: float,
+        seed: PrivacyKey | int,
+    ) -> None:
         if not 0 < target_quantile < 1:
             raise FedsimError("clipping.target_quantile must be in (0, 1)")
         self.clip_norm = float(initial)
@@ -111,8 +118,12 @@ class AdaptiveClip:
         return self.clip_norm
 
     def state_dict(self) -> dict[str, Any]:
-        return {"clip_norm": self.clip_norm, "history": list(self.history), "key": self.key.state_dict(),
-                "last_fraction": self.last_fraction}
+        return {
+            "clip_norm": self.clip_norm,
+            "history": list(self.history),
+            "key": self.key.state_dict(),
+            "last_fraction": self.last_fraction,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.clip_norm = float(state["clip_norm"])

@@ -62,6 +62,7 @@ import numpy as np
 import torch
 
 from fedsim.errors import FedsimError
+from fedsim.privacy.options import check_optimizer_options
 
 Objective = Literal["total", "max"]
 
@@ -169,8 +170,9 @@ def banded_sensitivity_squared(C: np.ndarray, max_participations: int = 1, bands
     return float(k_eff * np.max(np.sum(C * C, axis=0)))
 
 
-def banded_errors(A: np.ndarray, C: np.ndarray, max_participations: int = 1,
-                  bands: int | None = None) -> dict[str, float]:
+def banded_errors(
+    A: np.ndarray, C: np.ndarray, max_participations: int = 1, bands: int | None = None
+) -> dict[str, float]:
     """Error of the factorization ``A = (A C⁻¹) · C`` in units of ``(c·z)²`` per coordinate.
 
     Parameters
@@ -299,7 +301,8 @@ class _BandedObjective:
         """Normalised band ``(b, npad)``: ``band[d, j] = C[j + d, j]``."""
         raw = torch.zeros(self.b, self.npad, dtype=torch.float64).masked_scatter(self.mask, p)
         raw[0] = 1.0
-        return raw / torch.linalg.vector_norm(raw, dim=0, keepdim=True)
+        out: torch.Tensor = raw / torch.linalg.vector_norm(raw, dim=0, keepdim=True)
+        return out
 
     def row_errors(self, p: torch.Tensor) -> torch.Tensor:
         """``‖(A C⁻¹)[t, :]‖²`` for every row ``t`` (length ``n``), differentiable in ``p``."""
@@ -400,12 +403,7 @@ def optimize_banded(
     n = A.shape[0]
     b = _check_bands(bands, n)
     k = _check_participations(max_participations)
-    if objective not in ("total", "max"):
-        raise FedsimError(f'objective must be "total" or "max" (got {objective!r})')
-    if not (isinstance(tol, (int, float)) and tol > 0):
-        raise FedsimError(f"tol must be a positive number (got {tol!r})")
-    if isinstance(max_iter, bool) or int(max_iter) != max_iter or int(max_iter) < 1:
-        raise FedsimError(f"max_iter must be an integer ≥ 1 (got {max_iter!r})")
+    check_optimizer_options(objective, tol, max_iter)
     if max_seconds is not None and not max_seconds > 0:
         raise FedsimError(f"max_seconds must be positive or None (got {max_seconds!r})")
 
@@ -413,9 +411,16 @@ def optimize_banded(
     obj = _BandedObjective(A, b)
     x0 = obj.params_from_dense(init if init is not None else banded_sqrt_init(n, b))
     info: dict[str, Any] = {
-        "n": n, "bands": b, "max_participations": k, "objective": objective,
-        "num_params": obj.num_params, "iterations": 0, "evaluations": 0,
-        "grad_norm": 0.0, "converged": True, "message": "no free parameters (b = 1: C = I)",
+        "n": n,
+        "bands": b,
+        "max_participations": k,
+        "objective": objective,
+        "num_params": obj.num_params,
+        "iterations": 0,
+        "evaluations": 0,
+        "grad_norm": 0.0,
+        "converged": True,
+        "message": "no free parameters (b = 1: C = I)",
     }
 
     x = x0
@@ -447,9 +452,17 @@ def optimize_banded(
     return C, info
 
 
-def _run_lbfgs(obj: _BandedObjective, x0: np.ndarray, power: float | None, tol: float, max_iter: int,
-               max_seconds: float | None, start: float, history_size: int, minimize: Any
-               ) -> tuple[np.ndarray, dict[str, Any]]:
+def _run_lbfgs(
+    obj: _BandedObjective,
+    x0: np.ndarray,
+    power: float | None,
+    tol: float,
+    max_iter: int,
+    max_seconds: float | None,
+    start: float,
+    history_size: int,
+    minimize: Any,
+) -> tuple[np.ndarray, dict[str, Any]]:
     """One L-BFGS-B run on the relative objective (value 1 at ``x0``)."""
 
     def value(p: torch.Tensor) -> torch.Tensor:
@@ -478,14 +491,22 @@ def _run_lbfgs(obj: _BandedObjective, x0: np.ndarray, power: float | None, tol: 
             timed_out["flag"] = True
             raise StopIteration
 
-    res = minimize(fun, x0, jac=True, method="L-BFGS-B", callback=callback,
-                   options={"maxiter": max_iter, "ftol": tol, "gtol": tol, "maxcor": history_size,
-                            "maxfun": 20 * max_iter})
+    res = minimize(
+        fun,
+        x0,
+        jac=True,
+        method="L-BFGS-B",
+        callback=callback,
+        options={"maxiter": max_iter, "ftol": tol, "gtol": tol, "maxcor": history_size, "maxfun": 20 * max_iter},
+    )
     grad = last["grad"] if last["x"] is not None and np.array_equal(last["x"], res.x) else fun(res.x)[1]
     return np.asarray(res.x, dtype=np.float64), {
-        "iterations": int(res.nit), "evaluations": int(res.nfev),
-        "grad_norm": float(np.linalg.norm(grad)), "converged": bool(res.success),
-        "message": str(res.message), "timed_out": timed_out["flag"],
+        "iterations": int(res.nit),
+        "evaluations": int(res.nfev),
+        "grad_norm": float(np.linalg.norm(grad)),
+        "converged": bool(res.success),
+        "message": str(res.message),
+        "timed_out": timed_out["flag"],
     }
 
 

@@ -84,6 +84,7 @@ import numpy as np
 import torch
 
 from fedsim.errors import FedsimError
+from fedsim.privacy.options import check_optimizer_options
 
 Objective = Literal["total", "max"]
 
@@ -273,8 +274,9 @@ def _sensitivity_squared_t(c: torch.Tensor, p: int, b: int) -> torch.Tensor:
     return total
 
 
-def _errors_t(theta: torch.Tensor, omega: torch.Tensor, n: int, p: int, b: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _errors_t(
+    theta: torch.Tensor, omega: torch.Tensor, n: int, p: int, b: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(sens², ‖B‖_F², ‖B[n−1,:]‖²)`` for ``B = S C⁻¹``."""
     c = _coefficients_t(theta, omega, n)
     sens2 = torch.sum(c * c) if p == 1 else _sensitivity_squared_t(c, p, b)
@@ -297,8 +299,9 @@ def _check_monotone(c: np.ndarray) -> None:
 # --------------------------------------------------------------------------- public numpy API
 
 
-def blt_sensitivity_squared(theta: Any, omega: Any, n: int, max_participations: int = 1,
-                            min_sep: int | None = None) -> float:
+def blt_sensitivity_squared(
+    theta: Any, omega: Any, n: int, max_participations: int = 1, min_sep: int | None = None
+) -> float:
     """``sens(C)²`` of the ``n × n`` BLT matrix under single or ``min_sep (k, b)`` participation.
 
     Parameters
@@ -332,8 +335,9 @@ def blt_sensitivity_squared(theta: Any, omega: Any, n: int, max_participations: 
         return float(_sensitivity_squared_t(torch.as_tensor(c), p, b))
 
 
-def blt_errors(theta: Any, omega: Any, n: int, max_participations: int = 1,
-               min_sep: int | None = None) -> dict[str, float]:
+def blt_errors(
+    theta: Any, omega: Any, n: int, max_participations: int = 1, min_sep: int | None = None
+) -> dict[str, float]:
     """Errors of the BLT factorization of the prefix sum ``S`` (units of ``(c·z)²``).
 
     Parameters
@@ -388,8 +392,7 @@ def _pack(theta: np.ndarray, omega: np.ndarray) -> np.ndarray:
     rest = 1.0 - share.sum()
     if rest <= 0:
         raise FedsimError(
-            "init has Σ ω_j/(1 + θ_j) ≥ 1, so C⁻¹ has a decay ≤ −1 (growing coefficients); "
-            "use smaller omega"
+            "init has Σ ω_j/(1 + θ_j) ≥ 1, so C⁻¹ has a decay ≤ −1 (growing coefficients); use smaller omega"
         )
     return np.concatenate([np.log(theta) - np.log1p(-theta), np.log(share) - np.log(rest)])
 
@@ -405,9 +408,54 @@ def _default_init(n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     else:
         tau = np.logspace(math.log10(2.0), math.log10(max(n, 3)), m)
     theta = 1.0 - 1.0 / tau
-    w = tau ** -0.5
+    w = tau**-0.5
     omega = 0.5 * w / w.sum()
     return theta, omega
+
+
+def _initial_params(n: int, m: int, init: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """The optimiser's starting point: ``init`` = ``(θ, ω)`` packed, or the default start."""
+    if init is None:
+        theta0, omega0 = _default_init(n, m)
+    else:
+        theta0, omega0 = (np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in init)
+        if theta0.shape != (m,) or omega0.shape != (m,):
+            raise FedsimError(f"init must be two arrays of length buffers = {m}")
+    return _pack(theta0, omega0)
+
+
+def _minimize_blt(
+    x0: np.ndarray, m: int, n: int, p: int, b: int, objective: Objective, tol: float, max_iter: int, history_size: int
+) -> tuple[Any, np.ndarray]:
+    """L-BFGS-B on the objective relative to its starting value; returns scipy's result and
+    the gradient of the relative objective at its end."""
+    from scipy.optimize import minimize
+
+    def value(x: torch.Tensor) -> torch.Tensor:
+        theta, omega = _unpack(x, m)
+        sens2, total, last = _errors_t(theta, omega, n, p, b)
+        return sens2 * (total if objective == "total" else last)
+
+    with torch.no_grad():
+        scale = float(value(torch.as_tensor(x0)))
+
+    def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
+        xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+        f = value(xt) / scale
+        if not f.requires_grad:  # n = 1: C = [1] whatever the parameters
+            return float(f), np.zeros_like(x)
+        (g,) = torch.autograd.grad(f, xt)
+        return float(f.detach()), g.numpy().copy()
+
+    res = minimize(
+        fun,
+        x0,
+        jac=True,
+        method="L-BFGS-B",
+        options={"maxiter": max_iter, "ftol": tol, "gtol": tol, "maxcor": history_size, "maxfun": 20 * max_iter},
+    )
+    _, grad = fun(res.x)
+    return res, grad
 
 
 def optimize_blt(
@@ -463,62 +511,38 @@ def optimize_blt(
         objective), ``converged``, ``message``, ``n``, ``buffers``,
         ``max_participations``, ``min_sep``, ``objective``.
     """
-    from scipy.optimize import minimize
 
     n = _check_n(n)
     if isinstance(buffers, bool) or int(buffers) != buffers or int(buffers) < 1:
         raise FedsimError(f"buffers must be an integer ≥ 1 (got {buffers!r})")
     m = int(buffers)
     p, b = _scheme(n, max_participations, min_sep)
-    if objective not in ("total", "max"):
-        raise FedsimError(f'objective must be "total" or "max" (got {objective!r})')
-    if not (isinstance(tol, (int, float)) and tol > 0):
-        raise FedsimError(f"tol must be a positive number (got {tol!r})")
-    if isinstance(max_iter, bool) or int(max_iter) != max_iter or int(max_iter) < 1:
-        raise FedsimError(f"max_iter must be an integer ≥ 1 (got {max_iter!r})")
+    check_optimizer_options(objective, tol, max_iter)
 
     start = time.perf_counter()
-    if init is None:
-        theta0, omega0 = _default_init(n, m)
-    else:
-        theta0, omega0 = (np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in init)
-        if theta0.shape != (m,) or omega0.shape != (m,):
-            raise FedsimError(f"init must be two arrays of length buffers = {m}")
-    x0 = _pack(theta0, omega0)
-
-    def value(x: torch.Tensor) -> torch.Tensor:
-        theta, omega = _unpack(x, m)
-        sens2, total, last = _errors_t(theta, omega, n, p, b)
-        return sens2 * (total if objective == "total" else last)
-
-    with torch.no_grad():
-        scale = float(value(torch.as_tensor(x0)))
-
-    def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
-        xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
-        f = value(xt) / scale
-        if not f.requires_grad:  # n = 1: C = [1] whatever the parameters
-            return float(f), np.zeros_like(x)
-        (g,) = torch.autograd.grad(f, xt)
-        return float(f.detach()), g.numpy().copy()
-
-    res = minimize(fun, x0, jac=True, method="L-BFGS-B",
-                   options={"maxiter": int(max_iter), "ftol": tol, "gtol": tol, "maxcor": history_size,
-                            "maxfun": 20 * int(max_iter)})
-    _, grad = fun(res.x)
+    x0 = _initial_params(n, m, init)
+    res, grad = _minimize_blt(x0, m, n, p, b, objective, tol, int(max_iter), history_size)
     with torch.no_grad():
         theta_t, omega_t = _unpack(torch.as_tensor(res.x), m)
     theta, omega = theta_t.numpy().copy(), omega_t.numpy().copy()
     order = np.argsort(theta)[::-1]
     theta, omega = theta[order], omega[order]
     info: dict[str, Any] = blt_errors(theta, omega, n, max_participations, min_sep if p > 1 else None)
-    info.update({
-        "n": n, "buffers": m, "max_participations": int(max_participations),
-        "min_sep": b if int(max_participations) > 1 else None, "objective": objective,
-        "iterations": int(res.nit), "evaluations": int(res.nfev),
-        "grad_norm": float(np.linalg.norm(grad)), "converged": bool(res.success),
-        "message": str(res.message), "seconds": time.perf_counter() - start,
-    })
+    info.update(
+        {
+            "n": n,
+            "buffers": m,
+            "max_participations": int(max_participations),
+            "min_sep": b if int(max_participations) > 1 else None,
+            "objective": objective,
+            "iterations": int(res.nit),
+            "evaluations": int(res.nfev),
+            "grad_norm": float(np.linalg.norm(grad)),
+            "converged": bool(res.success),
+            "message": str(res.message),
+            "seconds": time.perf_counter() - start,
+        }
+    )
     return theta, omega, info
 
 

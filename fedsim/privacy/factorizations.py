@@ -126,7 +126,7 @@ class Factorization:
 
     def column_norms(self) -> np.ndarray:
         """L2 norms of the columns of ``C`` (length ``n``)."""
-        return np.linalg.norm(self.C, axis=0)
+        return np.asarray(np.linalg.norm(self.C, axis=0))
 
     def sensitivity(self) -> float:
         """Single-participation sensitivity ``max_j ‖C[:, j]‖``."""
@@ -139,7 +139,7 @@ class Factorization:
         ``ĝ_t = g_t + n_t`` releases ``A·G + B·Z``.
         """
         if np.array_equal(self.A, np.tril(self.A)):
-            return scipy.linalg.solve_triangular(self.A, self.B, lower=True)
+            return np.asarray(scipy.linalg.solve_triangular(self.A, self.B, lower=True))
         return np.linalg.solve(self.A, self.B)
 
     def _sens2(self, sens: float | None) -> float:
@@ -191,13 +191,10 @@ def _check_workload(A: np.ndarray) -> np.ndarray:
         arr = np.asarray(A, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise FedsimError(
-            f"the workload A must be a numeric n×n matrix ({exc}); build it with "
-            "fedsim.privacy.workloads.make_workload"
+            f"the workload A must be a numeric n×n matrix ({exc}); build it with fedsim.privacy.workloads.make_workload"
         ) from exc
     if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.shape[0] < 1:
-        raise FedsimError(
-            f"the workload A must be a non-empty square n×n matrix, got shape {arr.shape}"
-        )
+        raise FedsimError(f"the workload A must be a non-empty square n×n matrix, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
         raise FedsimError("the workload A contains NaN or infinite entries; fix its parameters")
     if np.any(np.triu(arr, 1) != 0.0):
@@ -215,7 +212,7 @@ def _check_workload(A: np.ndarray) -> np.ndarray:
 
 def _right_divide_lower(A: np.ndarray, C: np.ndarray) -> np.ndarray:
     """``A·C⁻¹`` for lower-triangular ``C`` by a triangular solve (``Cᵀ·Bᵀ = Aᵀ``)."""
-    return scipy.linalg.solve_triangular(C, A.T, trans="T", lower=True).T
+    return np.asarray(scipy.linalg.solve_triangular(C, A.T, trans="T", lower=True).T)
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -332,9 +329,7 @@ def tree(n: int, estimator: str = "online", A: np.ndarray | None = None) -> Fact
     nodes = tree_nodes(n)
     n = int(n)
     if estimator not in TREE_ESTIMATORS:
-        raise FedsimError(
-            f"unknown tree estimator {estimator!r}; choose one of {', '.join(TREE_ESTIMATORS)}"
-        )
+        raise FedsimError(f"unknown tree estimator {estimator!r}; choose one of {', '.join(TREE_ESTIMATORS)}")
     S = prefix_sum(n)
     if A is not None:
         A = np.asarray(A, dtype=np.float64)
@@ -388,7 +383,7 @@ def _lower_factor(X: np.ndarray) -> np.ndarray:
     return np.tril(L.T[::-1, ::-1])
 
 
-def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int):
+def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int) -> tuple[Any, Any, Any, int, float, bool]:
     """The fixed point of :func:`dense` in numpy; returns ``(v, √e, X, iterations, change, converged)``."""
     n = W.shape[0]
     v = np.ones(n)
@@ -411,7 +406,9 @@ def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int):
     return v, root_e, X, iterations, change, converged
 
 
-def _dense_iterate_torch(W: np.ndarray, tol: float, max_iter: int, device: str):
+def _dense_iterate_torch(
+    W: np.ndarray, tol: float, max_iter: int, device: str
+) -> tuple[Any, Any, Any, int, float, bool]:
     """The same fixed point in torch float64 on ``device`` (the GPU path); same returns."""
     import torch
 
@@ -420,11 +417,13 @@ def _dense_iterate_torch(W: np.ndarray, tol: float, max_iter: int, device: str):
     except (RuntimeError, TypeError) as exc:
         raise FedsimError(f"factorization device {device!r} is not a torch device; use 'cpu' or 'cuda'") from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise FedsimError(f"factorization device {device!r} asked for, but torch sees no CUDA GPU; "
-                          "leave the device unset (numpy on the CPU) or run on a GPU machine")
+        raise FedsimError(
+            f"factorization device {device!r} asked for, but torch sees no CUDA GPU; "
+            "leave the device unset (numpy on the CPU) or run on a GPU machine"
+        )
     Wt = torch.as_tensor(W, dtype=torch.float64, device=dev)
 
-    def sqrt_psd(s: torch.Tensor):
+    def sqrt_psd(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         e, U = torch.linalg.eigh(s[:, None] * Wt * s[None, :])
         return e.clamp_min(0.0).sqrt(), U
 
@@ -455,8 +454,7 @@ def _check_multipliers(v: np.ndarray) -> None:
         )
 
 
-def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000,
-          device: str | None = None) -> Factorization:
+def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str | None = None) -> Factorization:
     """Optimal factorization for ``‖B‖_F`` under single participation (Denisov et al. 2022).
 
     Minimises ``tr(W X⁻¹)`` over ``X = CᵀC`` with ``diag X = 1``, ``W = AᵀA``, by the
@@ -679,9 +677,7 @@ def cached(
         try:
             with np.load(path, allow_pickle=False) as data:
                 info = json.loads(str(data["info"]))
-                fact = Factorization(
-                    str(data["name"]), data["A"].copy(), data["C"].copy(), data["B"].copy(), info
-                )
+                fact = Factorization(str(data["name"]), data["A"].copy(), data["C"].copy(), data["B"].copy(), info)
             if info.get("cache_key") == digest:
                 CACHE_STATS["hits"] += 1
                 fact.info["cache"] = "hit"
@@ -762,17 +758,11 @@ def make_factorization(
     Factorization
     """
     if mechanism not in MECHANISMS:
-        raise FedsimError(
-            f"unknown factorization mechanism {mechanism!r}; choose one of {', '.join(MECHANISMS)}"
-        )
+        raise FedsimError(f"unknown factorization mechanism {mechanism!r}; choose one of {', '.join(MECHANISMS)}")
     if estimator not in TREE_ESTIMATORS:
-        raise FedsimError(
-            f"unknown tree estimator {estimator!r}; choose one of {', '.join(TREE_ESTIMATORS)}"
-        )
+        raise FedsimError(f"unknown tree estimator {estimator!r}; choose one of {', '.join(TREE_ESTIMATORS)}")
     if tau is not None and mechanism != "dpmf_plus":
-        raise FedsimError(
-            f"tau only applies to mechanism 'dpmf_plus', not {mechanism!r}; remove tau"
-        )
+        raise FedsimError(f"tau only applies to mechanism 'dpmf_plus', not {mechanism!r}; remove tau")
     A = _check_workload(A)
     n = A.shape[0]
     if mechanism == "identity":

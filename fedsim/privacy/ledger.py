@@ -33,9 +33,15 @@ class Ledger:
         of server-side error feedback).
     """
 
-    def __init__(self, spec: AccountingSpec, planned_rounds: int,
-                 budget_split: dict[str, Any] | None = None, notes: list[str] | None = None,
-                 account_every: int = 1, side_statistics: bool = True) -> None:
+    def __init__(
+        self,
+        spec: AccountingSpec,
+        planned_rounds: int,
+        budget_split: dict[str, Any] | None = None,
+        notes: list[str] | None = None,
+        account_every: int = 1,
+        side_statistics: bool = True,
+    ) -> None:
         self.spec = spec
         #: record the realised cohort size per round and each silo's participations (side
         #: statistics, outside ε); False keeps only what recomputes ε.
@@ -63,7 +69,7 @@ class Ledger:
             return 0.0
         if self.entries[-1]["epsilon"] is None:
             self.entries[-1]["epsilon"] = self._curve(len(self.entries))
-        return self.entries[-1]["epsilon"]
+        return float(self.entries[-1]["epsilon"])
 
     def record_round(self, round_index: int, realized_cohort: int, clip_norm: float | None = None) -> float | None:
         """Record round ``round_index`` (0-based) and return ε after it (None when
@@ -102,8 +108,11 @@ class Ledger:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"planned_rounds": self.planned_rounds, "entries": [dict(e) for e in self.entries],
-                "silo": None if self.silo is None else self.silo.state_dict()}
+        return {
+            "planned_rounds": self.planned_rounds,
+            "entries": [dict(e) for e in self.entries],
+            "silo": None if self.silo is None else self.silo.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.planned_rounds = int(state["planned_rounds"])
@@ -120,8 +129,9 @@ def check_budget_split(ledger_json: dict[str, Any]) -> float | None:
         return None
     from fedsim.privacy.adaptive_clip import combined_noise_multiplier
 
-    return combined_noise_multiplier(split["update_noise_multiplier"], split["count_stddev"],
-                                     split["count_releases_per_user"])
+    return combined_noise_multiplier(
+        split["update_noise_multiplier"], split["count_stddev"], split["count_releases_per_user"]
+    )
 
 
 def spec_from_ledger(ledger_json: dict[str, Any]) -> AccountingSpec:

@@ -110,8 +110,16 @@ class MatrixNoise(NoiseMechanism):
     memory_budget : bytes allowed for keeping ``ξ`` rows in memory (default 1 GiB).
     """
 
-    def __init__(self, dim: int, seed: PrivacyKey | int, device: str | torch.device, noising, sens: float,
-                 label: str = "matrix", memory_budget: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        dim: int,
+        seed: PrivacyKey | int,
+        device: str | torch.device,
+        noising: Any,
+        sens: float,
+        label: str = "matrix",
+        memory_budget: int = 1 << 30,
+    ) -> None:
         super().__init__(dim, seed, device)
         import numpy as np
 
@@ -151,8 +159,9 @@ class BandedNoise(NoiseMechanism):
     from :meth:`state_dict`).
     """
 
-    def __init__(self, dim: int, seed: PrivacyKey | int, device: str | torch.device, C, sens: float,
-                 label: str = "banded") -> None:
+    def __init__(
+        self, dim: int, seed: PrivacyKey | int, device: str | torch.device, C: Any, sens: float, label: str = "banded"
+    ) -> None:
         super().__init__(dim, seed, device)
         import numpy as np
 
@@ -241,8 +250,16 @@ class BLTNoise(NoiseMechanism):
     """Streaming noise of a buffered-linear-Toeplitz ``C = BLT(θ, ω)`` with ``m`` buffers of
     size ``d`` (:func:`fedsim.privacy.blt.blt_stream_step`). Rows are drawn in order."""
 
-    def __init__(self, dim: int, seed: PrivacyKey | int, device: str | torch.device, theta, omega, sens: float,
-                 label: str = "blt") -> None:
+    def __init__(
+        self,
+        dim: int,
+        seed: PrivacyKey | int,
+        device: str | torch.device,
+        theta: Any,
+        omega: Any,
+        sens: float,
+        label: str = "blt",
+    ) -> None:
         super().__init__(dim, seed, device)
         from fedsim.privacy.blt import blt_stream_init
 
@@ -286,11 +303,13 @@ class BLTNoise(NoiseMechanism):
         super().load_state_dict(state)
         bufs = state["buffers"]
         self.state = dataclasses.replace(
-            self.state, t=int(state["t"]),
-            buffers=None if bufs is None else tuple(b.to(self.device) for b in bufs))
+            self.state, t=int(state["t"]), buffers=None if bufs is None else tuple(b.to(self.device) for b in bufs)
+        )
 
 
-def make_noise_mechanism(name: str, dim: int, seed: PrivacyKey | int, device: str | torch.device = "cpu") -> NoiseMechanism:
+def make_noise_mechanism(
+    name: str, dim: int, seed: PrivacyKey | int, device: str | torch.device = "cpu"
+) -> NoiseMechanism:
     """The mechanism called ``name`` (``none`` | ``gaussian``)."""
     mechanisms: dict[str, type[NoiseMechanism]] = {"none": ZeroNoise, "gaussian": GaussianNoise}
     if name not in mechanisms:

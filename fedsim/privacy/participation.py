@@ -35,6 +35,7 @@ Assignment (``single``, ``epochs``, ``min_sep``) and the neighbouring relation:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fedsim.errors import FedsimError
 
@@ -94,12 +95,18 @@ class ParticipationScheme:
     def check_rounds(self, rounds: int) -> None:
         """Raise if the sampler cannot honour the scheme for ``rounds`` rounds."""
 
-    def describe(self) -> dict:
-        return {"scheme": self.name, "population": self.population,
-                "cohort_size": self.cohort_size, "expected_cohort": self.expected_cohort,
-                "sampling_rate": self.sampling_rate, "assignment": self.assignment,
-                "neighboring_relation": self.neighboring_relation,
-                "max_participations": self.max_participations, "min_separation": self.min_separation}
+    def describe(self) -> dict[str, Any]:
+        return {
+            "scheme": self.name,
+            "population": self.population,
+            "cohort_size": self.cohort_size,
+            "expected_cohort": self.expected_cohort,
+            "sampling_rate": self.sampling_rate,
+            "assignment": self.assignment,
+            "neighboring_relation": self.neighboring_relation,
+            "max_participations": self.max_participations,
+            "min_separation": self.min_separation,
+        }
 
 
 @dataclass(frozen=True)
@@ -218,7 +225,7 @@ class GroupScheme(ParticipationScheme):
                 f"sampling.max_participations to {-(-rounds // self.min_sep)} or lower rounds"
             )
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         d = super().describe()
         d.update(group_size=self.group_size, poisson_within_group=self.poisson_within_group)
         return d
@@ -245,9 +252,17 @@ SCHEMES = ("poisson", "fixed", "single", "epochs", "min_sep")
 DEFAULT_COHORT = 40
 
 
-def make_scheme(name: str, population: int, cohort_size: float | None, *, min_sep: int | None = None,
-                max_participations: int | None = None, poisson_within_group: bool = False,
-                rounds: int | None = None, assignment: str = "keyed") -> ParticipationScheme:
+def make_scheme(
+    name: str,
+    population: int,
+    cohort_size: float | None,
+    *,
+    min_sep: int | None = None,
+    max_participations: int | None = None,
+    poisson_within_group: bool = False,
+    rounds: int | None = None,
+    assignment: str = "keyed",
+) -> ParticipationScheme:
     """The scheme called ``name``; with ``rounds``, also checks the sampler can honour it.
 
     Parameters
@@ -276,28 +291,32 @@ def make_scheme(name: str, population: int, cohort_size: float | None, *, min_se
             if k != int(k):
                 raise FedsimError(f"sampling.cohort_size = {cohort_size} must be a whole number for '{name}'")
             k = int(k)
-        scheme: ParticipationScheme = {"poisson": PoissonScheme, "fixed": FixedScheme,
-                                       "single": SingleScheme}[name](population, k, assignment)
+        scheme: ParticipationScheme = {"poisson": PoissonScheme, "fixed": FixedScheme, "single": SingleScheme}[name](
+            population, k, assignment
+        )
     elif name in ("epochs", "min_sep"):
         if poisson_within_group and name == "epochs":
-            raise FedsimError("sampling.poisson_within_group applies to 'min_sep' only "
-                              "(epochs take whole groups)")
+            raise FedsimError("sampling.poisson_within_group applies to 'min_sep' only (epochs take whole groups)")
         b = min_sep if min_sep is not None else rounds
         if b is None:
             raise FedsimError(f"sampling.scheme = '{name}' needs sampling.min_sep")
-        k = max_participations if max_participations is not None else (
-            -(-rounds // b) if rounds is not None else 1)
+        k = max_participations if max_participations is not None else (-(-rounds // b) if rounds is not None else 1)
         cls = EpochsScheme if name == "epochs" else MinSepScheme
         if b > population:
-            raise FedsimError(f"sampling.min_sep = {b} exceeds the population N = {population}; each of "
-                              f"the b groups needs users: lower sampling.min_sep")
+            raise FedsimError(
+                f"sampling.min_sep = {b} exceeds the population N = {population}; each of "
+                f"the b groups needs users: lower sampling.min_sep"
+            )
         if cohort_size is None:
             if poisson_within_group:
-                raise FedsimError("sampling.poisson_within_group needs sampling.cohort_size = K̄, the expected "
-                                  "users per round (at most N/b)")
+                raise FedsimError(
+                    "sampling.poisson_within_group needs sampling.cohort_size = K̄, the expected "
+                    "users per round (at most N/b)"
+                )
             cohort_size = population / b if assignment == "keyed" else float(population // b)
-        scheme = cls(population, cohort_size, assignment, min_sep=b, max_part=k,
-                     poisson_within_group=poisson_within_group)
+        scheme = cls(
+            population, cohort_size, assignment, min_sep=b, max_part=k, poisson_within_group=poisson_within_group
+        )
     else:
         raise FedsimError(f"sampling.scheme = {name!r}: allowed are {', '.join(SCHEMES)}")
     if rounds is not None:

@@ -85,8 +85,9 @@ class PrivacyKey:
     def from_seed(cls, seed: int) -> PrivacyKey:
         """The simulation key of config seed ``seed`` (any integer): BLAKE2b-256 keyed with a
         fixed fedsim constant over the seed's decimal digits. Reproducible, hence not secret."""
-        h = hashlib.blake2b(_encode_labels(["seed", int(seed)]), key=_SEED_KEY, digest_size=KEY_BYTES,
-                            person=_KDF_PERSON)
+        h = hashlib.blake2b(
+            _encode_labels(["seed", int(seed)]), key=_SEED_KEY, digest_size=KEY_BYTES, person=_KDF_PERSON
+        )
         return cls(h.digest())
 
     @classmethod
@@ -101,8 +102,7 @@ class PrivacyKey:
 
     def derive(self, *labels: object) -> PrivacyKey:
         """An independent sub-key for the purpose named by ``labels`` (ints, strings, bytes)."""
-        h = hashlib.blake2b(_encode_labels(labels), key=self._secret, digest_size=KEY_BYTES,
-                            person=_KDF_PERSON)
+        h = hashlib.blake2b(_encode_labels(labels), key=self._secret, digest_size=KEY_BYTES, person=_KDF_PERSON)
         return PrivacyKey(h.digest())
 
     @property
@@ -153,7 +153,8 @@ def random_words(key: PrivacyKey, n: int) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.int64)
     buf = torch.empty(n + 2, dtype=torch.int64)  # update_into needs 15 bytes of slack
     enc = Cipher(algorithms.AES(key.secret), modes.CTR(bytes(16))).encryptor()
-    written = enc.update_into(_zero_plaintext(8 * n), memoryview(buf.numpy()).cast("B"))
+    out = memoryview(buf.numpy()).cast("B")  # type: ignore[arg-type]  # an ndarray is a buffer; numpy's stubs lag
+    written = enc.update_into(_zero_plaintext(8 * n), out)
     if written != 8 * n:  # pragma: no cover - CTR is a stream mode: output = input length
         raise RuntimeError("AES-CTR returned a short keystream")
     return buf[:n]
@@ -169,8 +170,9 @@ def uniforms(key: PrivacyKey, n: int) -> torch.Tensor:
     return _unit_interval(random_words(key, n)).sub_(1.0)
 
 
-def gaussians(key: PrivacyKey, n: int, dtype: torch.dtype = torch.float32,
-              device: str | torch.device = "cpu") -> torch.Tensor:
+def gaussians(
+    key: PrivacyKey, n: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> torch.Tensor:
     """``n`` independent standard normals from the keystream of ``key``.
 
     Box–Muller in float64: for pairs of uniforms ``u₁ ∈ (0, 1]`` and ``u₂ ∈ [0, 1)`` (52 bits
@@ -191,7 +193,7 @@ def gaussians(key: PrivacyKey, n: int, dtype: torch.dtype = torch.float32,
         return torch.zeros(0, dtype=dtype, device=device)
     half = (n + 1) // 2
     w = _unit_interval(random_words(key, 2 * half))
-    u1 = torch.rsub(w[:half], 2.0)          # 2 − [1, 2) = (0, 1], exactly
+    u1 = torch.rsub(w[:half], 2.0)  # 2 − [1, 2) = (0, 1], exactly
     theta = w[half:].sub_(1.0).mul_(2.0 * math.pi)
     r = u1.log_().mul_(-2.0).sqrt_()
     out = torch.empty(2 * half, dtype=torch.float64)
@@ -210,8 +212,9 @@ def user_tags(ids: Sequence[str | int]) -> np.ndarray:
     """
     out = np.empty(len(ids), dtype=np.uint64)
     for i, name in enumerate(ids):
-        out[i] = int.from_bytes(hashlib.blake2b(str(name).encode("utf-8"), digest_size=8,
-                                                person=b"fedsim-user-tag").digest(), "little")
+        out[i] = int.from_bytes(
+            hashlib.blake2b(str(name).encode("utf-8"), digest_size=8, person=b"fedsim-user-tag").digest(), "little"
+        )
     return out
 
 

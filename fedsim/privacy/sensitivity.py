@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -90,7 +91,7 @@ def _num_patterns(n: int, k: int, b: int) -> int:
     return total
 
 
-def _patterns(n: int, k: int, b: int):
+def _patterns(n: int, k: int, b: int) -> Iterator[list[int]]:
     for m in range(1, k + 1):
         for combo in itertools.combinations(range(n - (m - 1) * (b - 1)), m):
             yield [c + i * (b - 1) for i, c in enumerate(combo)]
@@ -109,7 +110,7 @@ def min_sep(C: np.ndarray, k: int, b: int) -> tuple[float, bool]:
     A = np.abs(X)
     w = np.empty(n)
     for i in range(n):
-        far = np.concatenate([A[i, : max(i - b + 1, 0)], A[i, i + b:]])
+        far = np.concatenate([A[i, : max(i - b + 1, 0)], A[i, i + b :]])
         top = np.sort(far)[::-1][: k - 1]
         w[i] = A[i, i] + top.sum()
     return math.sqrt(_best_pattern_sum(w, k, b)), False

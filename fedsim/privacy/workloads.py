@@ -80,9 +80,7 @@ def momentum(
     else:
         eta = np.asarray(learning_rates, dtype=np.float64).reshape(-1)
         if eta.shape != (n,):
-            raise FedsimError(
-                f"learning_rates must have one entry per round (n={n}), got {eta.size}"
-            )
+            raise FedsimError(f"learning_rates must have one entry per round (n={n}), got {eta.size}")
         if not np.all(np.isfinite(eta)) or np.any(eta <= 0):
             raise FedsimError(
                 "learning_rates must all be positive and finite (a zero rate makes the "

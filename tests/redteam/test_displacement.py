@@ -101,8 +101,9 @@ def test_the_same_attack_breaks_add_remove_under_shuffle_assignment(case):
     moved = [u for u, rs in rounds_of["D"].items() if rounds_of["D+x"][u] != rs]
     assert moved, "a shuffle should displace someone"
     delta = 1.0 / n**1.1
-    ledger = epsilon(AccountingSpec(mech, name, n, scheme.expected_cohort, Z, delta, min_sep=b or 1,
-                                    assignment="shuffle"), rounds)
+    ledger = epsilon(
+        AccountingSpec(mech, name, n, scheme.expected_cohort, Z, delta, min_sep=b or 1, assignment="shuffle"), rounds
+    )
     assert _pair_epsilon(mu, delta) > ledger  # add/remove would be a false claim: hence zero-out
     if case == "single":  # the review's case: K = N = 100, one round, z = 1 → ledger 2.50, pair ≈ 6.3
         assert ledger == pytest.approx(2.50, abs=0.01) and mu == pytest.approx(2.0)
@@ -124,8 +125,7 @@ def test_thinned_min_sep_others_keep_their_coins_and_x_is_poisson_sampled():
     coin with probability p; every other user's participation is unchanged."""
     n, b, k, kbar = 400, 4, 50, 20
     rounds = b * k
-    scheme = make_scheme("min_sep", n, kbar, min_sep=b, max_participations=k, poisson_within_group=True,
-                         rounds=rounds)
+    scheme = make_scheme("min_sep", n, kbar, min_sep=b, max_participations=k, poisson_within_group=True, rounds=rounds)
     names = _names(n)
     names_x = _with_x(names)
     r_d = _rounds_by_name(make_sampler(scheme, 3, names), names, rounds)

@@ -39,8 +39,9 @@ def test_a_search_over_32_bit_seeds_does_not_reproduce_a_rounds_noise():
     # the derived seeds the old code used, then a sweep of low seeds
     old_style = [derive_seed(0, "noise-base"), derive_seed(derive_seed(0, "noise-base"), "noise", 3), 0, 3]
     candidates = old_style + list(range(2000))
-    best = min(_residual(torch.randn(D, generator=torch.Generator().manual_seed(s & 0xFFFFFFFF)), target)
-               for s in candidates)
+    best = min(
+        _residual(torch.randn(D, generator=torch.Generator().manual_seed(s & 0xFFFFFFFF)), target) for s in candidates
+    )
     assert best > 1.5  # nothing close; the right key gives 0
     assert _residual(GaussianNoise(D, key).row(3), target) == 0.0
     # the stream's state is the full key: 256 bits, and flipping any one bit changes the noise
@@ -59,10 +60,23 @@ def test_deployment_keys_come_from_the_os_and_are_never_written(tmp_path):
     assert PrivacyKey.generate() != PrivacyKey.generate()
     assert "privacy_key" in Deployment.__dataclass_fields__
     # a run's key never reaches its published files (here the simulation key, derived from the seed)
-    cfg = load_config(None, ["rounds=2", "sampling.scheme='poisson'", "sampling.cohort_size=4",
-                             "privacy.mechanism='gaussian'", "privacy.noise_multiplier=1.0", "data.max_users=20",
-                             "client.max_examples=4", "eval.every=0", "eval.max_users=2",
-                             "eval.max_examples_per_user=2", "sim.num_workers=1", "sim.engine='inprocess'"])
+    cfg = load_config(
+        None,
+        [
+            "rounds=2",
+            "sampling.scheme='poisson'",
+            "sampling.cohort_size=4",
+            "privacy.mechanism='gaussian'",
+            "privacy.noise_multiplier=1.0",
+            "data.max_users=20",
+            "client.max_examples=4",
+            "eval.every=0",
+            "eval.max_users=2",
+            "eval.max_examples_per_user=2",
+            "sim.num_workers=1",
+            "sim.engine='inprocess'",
+        ],
+    )
     out = tmp_path / "run"
     run_experiment(cfg, out, progress=False)
     root = PrivacyKey.from_seed(cfg.seed)
@@ -109,8 +123,14 @@ def test_example_level_noise_cannot_be_regenerated_from_anything_public():
     from fedsim.protocol import Task
     from fedsim.training import LocalTraining
 
-    task = Task(DataSpec.from_config(load_config(None).data), "shakespeare_lstm_small", 1, 0,
-                LocalTraining(1, 8, 0.5, 16, 1.0), example_dp=dp).to_json()
+    task = Task(
+        DataSpec.from_config(load_config(None).data),
+        "shakespeare_lstm_small",
+        1,
+        0,
+        LocalTraining(1, 8, 0.5, 16, 1.0),
+        example_dp=dp,
+    ).to_json()
     assert example_dp.silo_key().secret.hex() not in task and "silo" not in task
 
 

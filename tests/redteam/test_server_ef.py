@@ -30,8 +30,16 @@ def _released_steps(with_hostile: bool) -> torch.Tensor:
     """The sequence of released server steps ĝ_t (SGD, lr 1) without noise: the same noise
     would be added to both runs, so their difference is what the noise has to hide."""
     spec = AccountingSpec("gaussian", "poisson", N, K_BAR, Z, 1e-6, no_guarantee=True)
-    server = DPServer(torch.zeros(1), ZeroNoise(1, 0), make_optimizer("sgd", 1.0), Ledger(spec, ROUNDS),
-                      server_noise_norm(C1, C2), Z, K_BAR, error_feedback=ServerErrorFeedback(1, C2))
+    server = DPServer(
+        torch.zeros(1),
+        ZeroNoise(1, 0),
+        make_optimizer("sgd", 1.0),
+        Ledger(spec, ROUNDS),
+        server_noise_norm(C1, C2),
+        Z,
+        K_BAR,
+        error_feedback=ServerErrorFeedback(1, C2),
+    )
     steps = []
     for t in range(ROUNDS):
         before = server.params.clone()
@@ -59,16 +67,25 @@ def test_one_users_residual_moves_the_releases_by_28_noise_stds():
     assert math.isinf(epsilon(spec, ROUNDS))
 
 
-SERVER_EF = ["client.error_feedback='server'", "sampling.scheme='poisson'", "privacy.mechanism='gaussian'",
-             "privacy.noise_multiplier=1.0", "sampling.cohort_size=4", "rounds=2"]
+SERVER_EF = [
+    "client.error_feedback='server'",
+    "sampling.scheme='poisson'",
+    "privacy.mechanism='gaussian'",
+    "privacy.noise_multiplier=1.0",
+    "sampling.cohort_size=4",
+    "rounds=2",
+]
 
 
 def test_server_ef_is_refused_without_the_explicit_no_guarantee_switch():
     with pytest.raises(FedsimError, match="allow_no_guarantee"):
         load_config(None, SERVER_EF)
     with pytest.raises(FedsimError, match="no finite ε"):
-        load_config(None, [s for s in SERVER_EF if "noise_multiplier" not in s]
-                    + ["privacy.target_epsilon=4.0", "privacy.allow_no_guarantee=true"])
+        load_config(
+            None,
+            [s for s in SERVER_EF if "noise_multiplier" not in s]
+            + ["privacy.target_epsilon=4.0", "privacy.allow_no_guarantee=true"],
+        )
     with pytest.raises(FedsimError, match="matrix-factorization"):
         load_config(None, ["client.error_feedback='server'", "privacy.allow_no_guarantee=true"])
 
@@ -97,9 +114,20 @@ def test_fedsim_privacy_prints_no_finite_epsilon(capsys):
 def test_a_server_ef_run_writes_no_finite_epsilon_anywhere(tmp_path):
     from fedsim.simulation import run_experiment
 
-    cfg = load_config(None, SERVER_EF + [
-        "privacy.allow_no_guarantee=true", "data.max_users=24", "client.max_examples=4", "eval.every=0",
-        "eval.max_users=2", "eval.max_examples_per_user=2", "sim.num_workers=1", "sim.engine='inprocess'"])
+    cfg = load_config(
+        None,
+        SERVER_EF
+        + [
+            "privacy.allow_no_guarantee=true",
+            "data.max_users=24",
+            "client.max_examples=4",
+            "eval.every=0",
+            "eval.max_users=2",
+            "eval.max_examples_per_user=2",
+            "sim.num_workers=1",
+            "sim.engine='inprocess'",
+        ],
+    )
     out = tmp_path / "run"
     summary = run_experiment(cfg, out, progress=False)
     assert summary["epsilon"] == "inf" and summary["guarantee"].startswith("none")

@@ -9,13 +9,30 @@ import json
 from fedsim.config import load_config
 from fedsim.metrics import SIDE_STATISTICS, is_side_statistic
 
-SMALL = ["rounds=2", "sampling.scheme='poisson'", "privacy.mechanism='gaussian'", "privacy.noise_multiplier=1.0",
-         "sampling.cohort_size=4", "data.max_users=24", "client.max_examples=4", "eval.every=1",
-         "eval.max_users=4", "eval.max_examples_per_user=2", "sim.num_workers=1", "sim.engine='inprocess'"]
+SMALL = [
+    "rounds=2",
+    "sampling.scheme='poisson'",
+    "privacy.mechanism='gaussian'",
+    "privacy.noise_multiplier=1.0",
+    "sampling.cohort_size=4",
+    "data.max_users=24",
+    "client.max_examples=4",
+    "eval.every=1",
+    "eval.max_users=4",
+    "eval.max_examples_per_user=2",
+    "sim.num_workers=1",
+    "sim.engine='inprocess'",
+]
 
 #: What may be published without the switch: DP outputs (ε, c_t from the noisy count) and constants.
-PUBLIC_ROW_KEYS = {"round", "epsilon", "seconds", "clip_norm", "client_evaluations_per_user",
-                   "unclipped_fraction_noisy"}
+PUBLIC_ROW_KEYS = {
+    "round",
+    "epsilon",
+    "seconds",
+    "clip_norm",
+    "client_evaluations_per_user",
+    "unclipped_fraction_noisy",
+}
 
 
 def _run(tmp_path, capsys, extra):
@@ -31,8 +48,11 @@ def _run(tmp_path, capsys, extra):
 
 def test_default_runs_publish_side_statistics_and_say_they_are_outside_epsilon(tmp_path, capsys):
     summary, rows, ledger, printed = _run(tmp_path, capsys, [])
-    assert summary["side_statistics"] == {"published": True, "covered_by_epsilon": False,
-                                          "note": summary["side_statistics"]["note"]}
+    assert summary["side_statistics"] == {
+        "published": True,
+        "covered_by_epsilon": False,
+        "note": summary["side_statistics"]["note"],
+    }
     assert "not covered by ε" in printed and "not covered by ε" in summary["side_statistics"]["note"]
     assert {"train_loss", "cohort_size", "clipped_fraction", "eval_accuracy"} <= set(rows[-1])
     assert all("cohort" in e for e in ledger["entries"])

@@ -33,8 +33,11 @@ def _setup():
 
 
 def test_clip_of_a_nonfinite_vector_is_zero():
-    for bad in (torch.tensor([1.0, float("nan")]), torch.tensor([float("inf"), 0.0]),
-                torch.tensor([3e38, 3e38], dtype=torch.float32) * 10):
+    for bad in (
+        torch.tensor([1.0, float("nan")]),
+        torch.tensor([float("inf"), 0.0]),
+        torch.tensor([3e38, 3e38], dtype=torch.float32) * 10,
+    ):
         out, norm = clip_vector(bad, 1.0)
         assert torch.equal(out, torch.zeros_like(bad)) and norm == float("inf")
 
@@ -63,8 +66,9 @@ def test_error_feedback_users_are_isolated_and_keep_their_state():
     hostile = HostileUsers(data, {HUGE: "huge_features", RAISES: "raise"})
     e = {u: torch.full((x0.numel(),), 0.01) for u in (HUGE, RAISES, A, B)}
     total, res, states = train_users_ef(model, x0, hostile, [HUGE, RAISES, A, B], 0, 0, SPEC, "client", 1.0, e)
-    clean, _, clean_states = train_users_ef(model, x0, data, [A, B], 0, 0, SPEC, "client", 1.0,
-                                            {u: e[u] for u in (A, B)})
+    clean, _, clean_states = train_users_ef(
+        model, x0, data, [A, B], 0, 0, SPEC, "client", 1.0, {u: e[u] for u in (A, B)}
+    )
     assert torch.equal(total, clean)
     assert torch.equal(states[HUGE], e[HUGE]) and torch.equal(states[RAISES], e[RAISES])
     assert torch.equal(states[A], clean_states[A])
@@ -85,11 +89,24 @@ def test_a_float64_reply_that_overflows_float32_is_dropped_not_summed():
 
 
 def _reply(strategy, node, users, residual):
-    content = RecordDict({
-        protocol.ARRAYS: ArrayRecord({protocol.UPDATE_SUM: Array(np.zeros(strategy.aggregator.dim, np.float32)),
-                                      protocol.RESIDUAL_SUM: Array(residual)}),
-        protocol.METRICS: MetricRecord({"user_ids": users, "user_loss": [0.0] * len(users),
-                                        "user_examples": [1] * len(users), "num_clipped": 0})})
+    content = RecordDict(
+        {
+            protocol.ARRAYS: ArrayRecord(
+                {
+                    protocol.UPDATE_SUM: Array(np.zeros(strategy.aggregator.dim, np.float32)),
+                    protocol.RESIDUAL_SUM: Array(residual),
+                }
+            ),
+            protocol.METRICS: MetricRecord(
+                {
+                    "user_ids": users,
+                    "user_loss": [0.0] * len(users),
+                    "user_examples": [1] * len(users),
+                    "num_clipped": 0,
+                }
+            ),
+        }
+    )
     return content
 
 
@@ -105,11 +122,11 @@ def _check_residual(UserLevelDPStrategy):
     strategy = UserLevelDPStrategy.__new__(UserLevelDPStrategy)
     strategy.ef_mode = "server"
     strategy.aggregator = UpdateAggregator(3, clip_norm=1.0)
-    msg = Message(_reply(strategy, 1, [0], np.array([1e39, 0, 0], dtype=np.float64)), dst_node_id=1,
-                  message_type="train")
+    msg = Message(
+        _reply(strategy, 1, [0], np.array([1e39, 0, 0], dtype=np.float64)), dst_node_id=1, message_type="train"
+    )
     assert strategy._extract_ef(msg, [0]) is None
-    ok = Message(_reply(strategy, 1, [0], np.array([1.0, 0, 0], dtype=np.float64)), dst_node_id=1,
-                 message_type="train")
+    ok = Message(_reply(strategy, 1, [0], np.array([1.0, 0, 0], dtype=np.float64)), dst_node_id=1, message_type="train")
     assert strategy._extract_ef(ok, [0]).dtype == np.float32
 
 
@@ -120,15 +137,31 @@ def test_hostile_users_in_a_real_multi_worker_run(tmp_path):
     run completes with the default min_valid_replies."""
     from fedsim.simulation import run_experiment
 
-    cfg = load_config(None, [
-        "rounds=2", "data.name='synthetic'", "model.name='logreg'", "data.num_clients=9",
-        "data.samples_per_user=8", "data.num_features=5", "data.num_classes=3", "sampling.scheme='fixed'",
-        "sampling.cohort_size=9", "privacy.mechanism='gaussian'", "privacy.noise_multiplier=1.0",
-        "client.max_examples=8", "client.batch_size=4", "eval.every=1", "sim.num_workers=3",
-        "sim.engine='ray'"])
+    cfg = load_config(
+        None,
+        [
+            "rounds=2",
+            "data.name='synthetic'",
+            "model.name='logreg'",
+            "data.num_clients=9",
+            "data.samples_per_user=8",
+            "data.num_features=5",
+            "data.num_classes=3",
+            "sampling.scheme='fixed'",
+            "sampling.cohort_size=9",
+            "privacy.mechanism='gaussian'",
+            "privacy.noise_multiplier=1.0",
+            "client.max_examples=8",
+            "client.batch_size=4",
+            "eval.every=1",
+            "sim.num_workers=3",
+            "sim.engine='ray'",
+        ],
+    )
     out = tmp_path / "run"
-    summary = run_experiment(cfg, out, progress=False, client_app=make_hostile_user_app(
-        {HUGE: "huge_features", RAISES: "raise"}))
+    summary = run_experiment(
+        cfg, out, progress=False, client_app=make_hostile_user_app({HUGE: "huge_features", RAISES: "raise"})
+    )
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert summary["rounds_completed"] == 2
     for r in rows:

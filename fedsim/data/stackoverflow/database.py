@@ -45,8 +45,10 @@ class StackOverflowDB:
             tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             for table, cols in REQUIRED.items():
                 if table not in tables:
-                    raise FedsimError(f"{self.path}: table '{table}' is missing; this is not TFF's "
-                                      f"stackoverflow.sqlite (tables found: {sorted(tables)})")
+                    raise FedsimError(
+                        f"{self.path}: table '{table}' is missing; this is not TFF's "
+                        f"stackoverflow.sqlite (tables found: {sorted(tables)})"
+                    )
                 have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
                 missing = [c for c in cols if c not in have]
                 if missing:
@@ -54,21 +56,29 @@ class StackOverflowDB:
             indexed = any(
                 [r[2] for r in self.conn.execute(f"PRAGMA index_info('{name}')")][:2] == ["split_name", "client_id"]
                 for (name,) in self.conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'examples'"))
+                    "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'examples'"
+                )
+            )
         except sqlite3.DatabaseError as e:
-            raise FedsimError(f"{self.path}: not a readable SQLite database ({e}); if it was decompressed "
-                              f"from the .lzma download, delete it and let fedsim decompress it again") from None
+            raise FedsimError(
+                f"{self.path}: not a readable SQLite database ({e}); if it was decompressed "
+                f"from the .lzma download, delete it and let fedsim decompress it again"
+            ) from None
         self.indexed = indexed
         if not indexed:
-            warnings.warn(f"{self.path} has no (split_name, client_id) index on examples: reading a client "
-                          f"scans the whole table", stacklevel=2)
+            warnings.warn(
+                f"{self.path} has no (split_name, client_id) index on examples: reading a client scans the whole table",
+                stacklevel=2,
+            )
 
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
         try:
             return self.conn.execute(sql, args).fetchall()
         except sqlite3.DatabaseError as e:
-            raise FedsimError(f"{self.path}: database read failed ({e}); the file may be truncated or "
-                              f"corrupted: download or decompress it again") from None
+            raise FedsimError(
+                f"{self.path}: database read failed ({e}); the file may be truncated or "
+                f"corrupted: download or decompress it again"
+            ) from None
 
     def clients(self, split: str) -> list[str]:
         """The sorted client ids of ``split`` (from ``client_metadata``)."""
@@ -80,8 +90,9 @@ class StackOverflowDB:
         """The sorted client ids of ``split`` and each one's ``num_examples`` (summed over
         duplicate metadata rows), from ``client_metadata``."""
         _check_split(split)
-        rows = self._query("SELECT client_id, SUM(num_examples) FROM client_metadata WHERE split_name = ? "
-                           "GROUP BY client_id", (split,))
+        rows = self._query(
+            "SELECT client_id, SUM(num_examples) FROM client_metadata WHERE split_name = ? GROUP BY client_id", (split,)
+        )
         rows.sort(key=lambda r: r[0])
         return [r[0] for r in rows], [int(r[1] or 0) for r in rows]
 
@@ -89,8 +100,7 @@ class StackOverflowDB:
         """The serialized examples of (``split``, ``client_id``) in stored (rowid) order; at most
         ``limit`` (the first ones) when given."""
         _check_split(split)
-        sql = ("SELECT serialized_example_proto FROM examples WHERE split_name = ? AND client_id = ? "
-               "ORDER BY rowid")
+        sql = "SELECT serialized_example_proto FROM examples WHERE split_name = ? AND client_id = ? ORDER BY rowid"
         args: tuple = (split, client_id)
         if limit is not None:
             sql += " LIMIT ?"
@@ -99,8 +109,9 @@ class StackOverflowDB:
 
     def stats(self) -> dict[str, dict[str, int]]:
         """``{split: {"num_clients", "num_examples"}}`` from ``client_metadata``."""
-        rows = self._query("SELECT split_name, COUNT(DISTINCT client_id), SUM(num_examples) "
-                           "FROM client_metadata GROUP BY split_name")
+        rows = self._query(
+            "SELECT split_name, COUNT(DISTINCT client_id), SUM(num_examples) FROM client_metadata GROUP BY split_name"
+        )
         return {s: {"num_clients": int(n), "num_examples": int(e or 0)} for s, n, e in rows}
 
     def close(self) -> None:
@@ -118,12 +129,12 @@ def ensure_index(path: str | Path) -> bool:
         conn.commit()
         conn.close()
     except sqlite3.DatabaseError as e:
-        raise FedsimError(f"{path}: could not create the (split_name, client_id) index ({e}); the file must be "
-                          f"writable once") from None
+        raise FedsimError(
+            f"{path}: could not create the (split_name, client_id) index ({e}); the file must be writable once"
+        ) from None
     return True
 
 
 def _check_split(split: str) -> None:
     if split not in SPLITS:
-        raise FedsimError(f"split {split!r} is not one of {', '.join(SPLITS)} (TFF's names: not 'held_out', "
-                          f"not 'val')")
+        raise FedsimError(f"split {split!r} is not one of {', '.join(SPLITS)} (TFF's names: not 'held_out', not 'val')")

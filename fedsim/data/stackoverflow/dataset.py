@@ -73,8 +73,9 @@ class StackOverflowFederated(UserCounts):
     keep : indices into the sorted train clients to keep (None: all).
     """
 
-    def __init__(self, root: str, settings: SOSettings, cache_dir: str | None = None,
-                 keep: list[int] | None = None) -> None:
+    def __init__(
+        self, root: str, settings: SOSettings, cache_dir: str | None = None, keep: list[int] | None = None
+    ) -> None:
         if settings.task not in ("nwp", "tag"):
             raise FedsimError(f"Stack Overflow task {settings.task!r}: allowed are 'nwp', 'tag'")
         self.settings = settings
@@ -116,13 +117,18 @@ class StackOverflowFederated(UserCounts):
     def _tensors(self, rows: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
         ex = [decode_example(b) for b in rows]
         if self.task == "nwp":
-            return self.nwp.xy([e["tokens"].encode("utf-8") for e in ex])
+            return self.nwp.xy([str(e["tokens"]).encode("utf-8") for e in ex])
         W, T = len(self.word_index), len(self.tag_index)
         x = np.zeros((len(ex), W), dtype=np.float32)
         y = np.zeros((len(ex), T), dtype=np.float32)
         for r, e in enumerate(ex):
-            x[r], y[r] = tag_xy(e["tokens"].encode("utf-8"), e["title"].encode("utf-8"),
-                                e["tags"].encode("utf-8"), self.word_index, self.tag_index)
+            x[r], y[r] = tag_xy(
+                str(e["tokens"]).encode("utf-8"),
+                str(e["title"]).encode("utf-8"),
+                str(e["tags"]).encode("utf-8"),
+                self.word_index,
+                self.tag_index,
+            )
         return torch.from_numpy(x), torch.from_numpy(y)
 
     def _user(self, split: str, u: int, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,9 +140,11 @@ class StackOverflowFederated(UserCounts):
         rows = self.db.examples(split, self.names[u], limit)
         expected = min(limit, self.num_train(u) if split == "train" else self.num_test(u))
         if len(rows) != expected:
-            raise FedsimError(f"{self.db.path}: client_metadata gives client {self.names[u]!r} {expected} "
-                              f"{split} example(s) within the first {limit}, the examples table "
-                              f"{len(rows)}; the database is inconsistent: download it again")
+            raise FedsimError(
+                f"{self.db.path}: client_metadata gives client {self.names[u]!r} {expected} "
+                f"{split} example(s) within the first {limit}, the examples table "
+                f"{len(rows)}; the database is inconsistent: download it again"
+            )
         t = self._tensors(rows)
         self._cache[key] = t
         while len(self._cache) > CACHE_USERS:
@@ -172,8 +180,9 @@ class StackOverflowFederated(UserCounts):
         ``correct``/``count`` and every ``<name>_correct``/``<name>_count`` pair."""
         if self.task == "nwp":
             flat_y = y.reshape(-1)
-            loss_sum = float(nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), flat_y,
-                                                         ignore_index=0, reduction="sum"))
+            loss_sum = float(
+                nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), flat_y, ignore_index=0, reduction="sum")
+            )
             acc = nwp_accuracy_counts(out.argmax(-1), y, self.nwp)
             sums = {"loss_sum": loss_sum, "loss_count": float((flat_y != 0).sum()), "examples": float(len(y))}
             for name, (c, n) in acc.items():
@@ -182,7 +191,14 @@ class StackOverflowFederated(UserCounts):
             return sums
         per_row = nn.functional.binary_cross_entropy_with_logits(out, y, reduction="none").mean(dim=1)
         hits, predicted, true = topk_counts(out, y, 5)
-        return {"loss_sum": float(per_row.sum()), "loss_count": float(len(y)), "examples": float(len(y)),
-                "precision_at_5_correct": float(hits), "precision_at_5_count": float(predicted),
-                "recall_at_5_correct": float(hits), "recall_at_5_count": float(true),
-                "correct": float(hits), "count": float(true)}
+        return {
+            "loss_sum": float(per_row.sum()),
+            "loss_count": float(len(y)),
+            "examples": float(len(y)),
+            "precision_at_5_correct": float(hits),
+            "precision_at_5_count": float(predicted),
+            "recall_at_5_correct": float(hits),
+            "recall_at_5_count": float(true),
+            "correct": float(hits),
+            "count": float(true),
+        }

@@ -103,8 +103,10 @@ _F32 = struct.Struct("<f")
 
 
 def _corrupt(what: str) -> FedsimError:
-    return FedsimError(f"corrupted tf.train.Example: {what} (the blob is truncated or damaged; "
-                       f"re-download or re-decompress the database)")
+    return FedsimError(
+        f"corrupted tf.train.Example: {what} (the blob is truncated or damaged; "
+        f"re-download or re-decompress the database)"
+    )
 
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -146,8 +148,10 @@ def _skip(buf: bytes, pos: int, end: int, tag: int) -> int:
     elif wire == 1:
         q = pos + 8
     elif wire == 3 or wire == 4:
-        raise _corrupt(f"field {field} is a group (wire type {wire}), which a tf.train.Example "
-                       f"never contains and this decoder does not support")
+        raise _corrupt(
+            f"field {field} is a group (wire type {wire}), which a tf.train.Example "
+            f"never contains and this decoder does not support"
+        )
     else:
         raise _corrupt(f"invalid wire type {wire} for field {field} before byte {pos}")
     if q > end:
@@ -380,7 +384,7 @@ def _tf_entry(buf: bytes, pos: int, eend: int) -> tuple[bytes, tuple[int, ...]] 
         vs = q + 2
     else:
         v, vs = _varint(buf, q + 1, eend)
-    return (buf[pos + 2:q], (vs, eend)) if vs + v == eend else None
+    return (buf[pos + 2 : q], (vs, eend)) if vs + v == eend else None
 
 
 def _map_entry(buf: bytes, pos: int, eend: int) -> tuple[bytes, tuple[int, ...]]:
@@ -420,8 +424,7 @@ def _as_bytes(blob: bytes | bytearray | memoryview) -> bytes:
     raise TypeError(f"a serialized tf.train.Example must be bytes, not {type(blob).__name__}")
 
 
-def _decode_map(blob: bytes | bytearray | memoryview,
-                wanted: frozenset[bytes] | None) -> dict[bytes, tuple[str, list]]:
+def _decode_map(blob: bytes | bytearray | memoryview, wanted: frozenset[bytes] | None) -> dict[bytes, tuple[str, list]]:
     """The resolved feature map, keyed by the raw name bytes, restricted to ``wanted``."""
     buf = _as_bytes(blob)
     try:
@@ -439,8 +442,9 @@ def _decode_map(blob: bytes | bytearray | memoryview,
         raise _corrupt(f"the data ends in the middle of a field (blob of {len(buf)} bytes)") from None
 
 
-def decode_features(blob: bytes | bytearray | memoryview,
-                    names: Iterable[str] | None = None) -> dict[str, tuple[str, list]]:
+def decode_features(
+    blob: bytes | bytearray | memoryview, names: Iterable[str] | None = None
+) -> dict[str, tuple[str, list]]:
     """The feature map of a serialized ``tf.train.Example``: name -> ``(kind, values)``.
 
     ``kind`` is ``"bytes"`` (values are ``bytes``), ``"float"`` (``float``) or ``"int64"``
@@ -465,7 +469,8 @@ def _bad(name: str, what: str) -> FedsimError:
     return FedsimError(
         f"tf.train.Example: feature '{name}' {what}; a Stack Overflow example (TFF release) has "
         f"creation_date, tags, title, tokens, type (bytes_list) and score (int64_list), each with "
-        f"exactly one value. Is this TFF's stackoverflow.sqlite?")
+        f"exactly one value. Is this TFF's stackoverflow.sqlite?"
+    )
 
 
 def decode_example(blob: bytes | bytearray | memoryview) -> dict[str, str | int]:
@@ -492,8 +497,10 @@ def decode_example(blob: bytes | bytearray | memoryview) -> dict[str, str | int]
             try:
                 value = value.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise FedsimError(f"tf.train.Example: feature '{name}' is not valid UTF-8 ({e}); "
-                                  f"the database is damaged or not TFF's stackoverflow.sqlite") from None
+                raise FedsimError(
+                    f"tf.train.Example: feature '{name}' is not valid UTF-8 ({e}); "
+                    f"the database is damaged or not TFF's stackoverflow.sqlite"
+                ) from None
         out[name] = value
     return out
 
@@ -528,9 +535,14 @@ def _unknown_fields() -> bytes:
     return bytes(out)
 
 
-def encode_example(fields: Mapping[str, str | bytes | int | float], *, packed: bool = True,
-                   key_value_order: str = "kv", reverse_entries: bool = False,
-                   extra_unknown: bool = False) -> bytes:
+def encode_example(
+    fields: Mapping[str, str | bytes | int | float],
+    *,
+    packed: bool = True,
+    key_value_order: str = "kv",
+    reverse_entries: bool = False,
+    extra_unknown: bool = False,
+) -> bytes:
     """Serialize a ``tf.train.Example`` with one single-value feature per item of ``fields``.
 
     For tests and fixtures: pass the six Stack Overflow features (any other items are written

@@ -18,11 +18,11 @@ K2 = 0x9AE16A3B2F90404F
 
 
 def _u64(b: bytes, i: int) -> int:
-    return int.from_bytes(b[i: i + 8], "little")
+    return int.from_bytes(b[i : i + 8], "little")
 
 
 def _u32(b: bytes, i: int) -> int:
-    return int.from_bytes(b[i: i + 4], "little")
+    return int.from_bytes(b[i : i + 4], "little")
 
 
 def _rot(v: int, s: int) -> int:

@@ -44,8 +44,10 @@ def _cache(root: Path, cache_dir: str | Path | None) -> Path:
 def _check_root(root: str | Path) -> Path:
     r = Path(root)
     if not r.is_dir():
-        raise FedsimError(f"data.root = {str(r)!r} is not a folder; point it at the folder holding the "
-                          f"Stack Overflow files ({SQLITE}[.lzma], {WORD_COUNT}[.tar.bz2], {TAG_COUNT}[.tar.bz2])")
+        raise FedsimError(
+            f"data.root = {str(r)!r} is not a folder; point it at the folder holding the "
+            f"Stack Overflow files ({SQLITE}[.lzma], {WORD_COUNT}[.tar.bz2], {TAG_COUNT}[.tar.bz2])"
+        )
     return r
 
 
@@ -58,8 +60,10 @@ def _locate(root: str | Path, name: str, suffix: str, cache_dir: str | Path | No
         return plain, None
     packed = r / (name + suffix)
     if not packed.is_file():
-        raise FedsimError(f"{r}: neither {name} nor {name}{suffix} is there; download "
-                          f"https://storage.googleapis.com/tff-datasets-public/{name}{suffix} into it")
+        raise FedsimError(
+            f"{r}: neither {name} nor {name}{suffix} is there; download "
+            f"https://storage.googleapis.com/tff-datasets-public/{name}{suffix} into it"
+        )
     out = _cache(r, cache_dir) / name
     return (out, None) if out.is_file() else (out, packed)
 
@@ -132,5 +136,7 @@ def verify_sha256(path: str | Path, expected: str | None = None) -> None:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     if h.hexdigest() != want:
-        raise FedsimError(f"{p}: sha256 {h.hexdigest()} differs from TFF's {want}; the file is corrupted "
-                          f"or not the TFF release (omit --verify for a local variant)")
+        raise FedsimError(
+            f"{p}: sha256 {h.hexdigest()} differs from TFF's {want}; the file is corrupted "
+            f"or not the TFF release (omit --verify for a local variant)"
+        )

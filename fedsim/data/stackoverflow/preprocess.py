@@ -110,8 +110,9 @@ def _ws_split(b: bytes) -> list[bytes]:
     return b.split()  # bytes.split(): runs of ASCII whitespace, no empty words
 
 
-def tag_xy(tokens: bytes, title: bytes, tags: bytes, word_index: dict[bytes, int],
-           tag_index: dict[bytes, int]) -> tuple[np.ndarray, np.ndarray]:
+def tag_xy(
+    tokens: bytes, title: bytes, tags: bytes, word_index: dict[bytes, int], tag_index: dict[bytes, int]
+) -> tuple[np.ndarray, np.ndarray]:
     """One example's ``(x [W], y [T])`` float32 (``word_index``: word → 0..W−1, likewise tags)."""
     W, T = len(word_index), len(tag_index)
     x = np.zeros(W, dtype=np.float32)

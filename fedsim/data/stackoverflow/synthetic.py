@@ -41,8 +41,74 @@ def _words(n: int) -> list[str]:
     return [syll[i % 10] + syll[(i // 10) % 10] + (str(i // 100) if i >= 100 else "") for i in range(n)]
 
 
-def generate(root: str | Path, users: int = 60, per_user: float = 30.0, vocab: int = 200, tags: int = 20,
-             seed: int = 0, first_id: int = 0) -> Path:
+def _interleave(
+    rows: list[tuple[str, str, str, str, str, int]], seed: list[int]
+) -> tuple[list[int], dict[tuple[str, str], list[int]]]:
+    """A seeded interleaving of the clients' rows (each client's rows keep their order):
+    the row order to store, and each (split, client)'s row indices."""
+    rng = np.random.default_rng(seed)  # row interleaving only
+    order = rng.permutation(len(rows))
+    by_client: dict[tuple[str, str], list[int]] = {}
+    for r, (split, cid, *_rest) in enumerate(rows):
+        by_client.setdefault((split, cid), []).append(r)
+    cursor = {k: 0 for k in by_client}
+    placed = []
+    for key in (rows[r][:2] for r in order):
+        placed.append(by_client[key][cursor[key]])
+        cursor[key] += 1
+    return placed, by_client
+
+
+def _write_database(
+    path: Path,
+    rows: list[tuple[str, str, str, str, str, int]],
+    placed: list[int],
+    by_client: dict[tuple[str, str], list[int]],
+) -> None:
+    """The SQLite file: ``examples`` in ``placed`` order, ``client_metadata``, the indexes."""
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA)
+    for r in placed:
+        split, cid, tokens, title, tg, score = rows[r]
+        blob = encode_example(
+            {
+                "creation_date": "2017-06-01 12:00:00.0 UTC",
+                "score": score,
+                "tags": tg,
+                "title": title,
+                "tokens": tokens,
+                "type": "question",
+            }
+        )
+        conn.execute("INSERT INTO examples VALUES (?, ?, ?)", (split, cid, blob))
+    conn.executemany(
+        "INSERT INTO client_metadata VALUES (?, ?, ?)",
+        [(cid, split, len(v)) for (split, cid), v in sorted(by_client.items())],
+    )
+    conn.executescript(INDEXES)
+    conn.commit()
+    conn.close()
+
+
+def _write_counts(root: Path, word_counts: Counter[str], tag_counts: Counter[str]) -> None:
+    """The word-count text file and the tag-count JSON, most frequent first."""
+    with open(root / WORD_COUNT, "w", encoding="utf-8") as f:
+        for w, c in sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0])):
+            f.write(f"{w} {c}\n")
+    (root / TAG_COUNT).write_text(
+        json.dumps(dict(sorted(tag_counts.items(), key=lambda kv: (-kv[1], kv[0])))), encoding="utf-8"
+    )
+
+
+def generate(
+    root: str | Path,
+    users: int = 60,
+    per_user: float = 30.0,
+    vocab: int = 200,
+    tags: int = 20,
+    seed: int = 0,
+    first_id: int = 0,
+) -> Path:
     """Write a generated Stack Overflow folder into ``root`` (created; must not hold a database).
 
     Parameters
@@ -95,36 +161,15 @@ def generate(root: str | Path, users: int = 60, per_user: float = 30.0, vocab: i
         urng = np.random.default_rng([seed, k])
         bias = urng.dirichlet(np.full(vocab, 0.3))
         n_train = max(1, int(urng.poisson(per_user)))
-        for split, n in (("train", n_train), ("test", max(1, n_train // 4) if k % 3 == 0 else 0),
-                         ("heldout", 2 if k % 10 == 9 else 0)):
+        for split, n in (
+            ("train", n_train),
+            ("test", max(1, n_train // 4) if k % 3 == 0 else 0),
+            ("heldout", 2 if k % 10 == 9 else 0),
+        ):
             for _ in range(n):
                 tokens, title, tg = post(bias, urng)
                 rows.append((split, cid, tokens, title, tg, int(urng.integers(-2, 20))))
-    rng = np.random.default_rng([seed, first_id, users, 1])  # row interleaving only
-    order = rng.permutation(len(rows))  # interleave clients; each client's rows keep their order
-    by_client: dict[tuple[str, str], list[int]] = {}
-    for r, (split, cid, *_rest) in enumerate(rows):
-        by_client.setdefault((split, cid), []).append(r)
-    cursor = {k: 0 for k in by_client}
-    placed = []
-    for key in (rows[r][:2] for r in order):
-        placed.append(by_client[key][cursor[key]])
-        cursor[key] += 1
-    conn = sqlite3.connect(root / SQLITE)
-    conn.executescript(SCHEMA)
-    for r in placed:
-        split, cid, tokens, title, tg, score = rows[r]
-        blob = encode_example({"creation_date": "2017-06-01 12:00:00.0 UTC", "score": score,
-                               "tags": tg, "title": title, "tokens": tokens, "type": "question"})
-        conn.execute("INSERT INTO examples VALUES (?, ?, ?)", (split, cid, blob))
-    conn.executemany("INSERT INTO client_metadata VALUES (?, ?, ?)",
-                     [(cid, split, len(v)) for (split, cid), v in sorted(by_client.items())])
-    conn.executescript(INDEXES)
-    conn.commit()
-    conn.close()
-    with open(root / WORD_COUNT, "w", encoding="utf-8") as f:
-        for w, c in sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0])):
-            f.write(f"{w} {c}\n")
-    (root / TAG_COUNT).write_text(json.dumps(dict(sorted(tag_counts.items(), key=lambda kv: (-kv[1], kv[0])))),
-                                  encoding="utf-8")
+    placed, by_client = _interleave(rows, [seed, first_id, users, 1])
+    _write_database(root / SQLITE, rows, placed, by_client)
+    _write_counts(root, word_counts, tag_counts)
     return root
