@@ -23,8 +23,8 @@ import sys
 import numpy as np
 import torch
 
-from fedsim.privacy.banded import optimize_banded
-from fedsim.privacy.blt import optimize_blt
+from fedsim.privacy.mechanisms.banded import optimize_banded
+from fedsim.privacy.mechanisms.blt import optimize_blt
 
 
 def _row(mechanism: str, size_key: str, size: int, info: dict) -> dict:

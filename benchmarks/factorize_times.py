@@ -49,8 +49,20 @@ def main(argv: list[str] | None = None) -> int:
         if "numpy" in sys.modules:
             print("warning: numpy already imported; --threads may not apply", file=sys.stderr)
 
-    from fedsim.privacy.factorizations import make_factorization
+    from fedsim.privacy.mechanisms.dense import factorize_dense
+    from fedsim.privacy.mechanisms.dpmf_plus import factorize_dpmf_plus
+    from fedsim.privacy.mechanisms.identity import identity
+    from fedsim.privacy.mechanisms.sqrt import sqrt_toeplitz
+    from fedsim.privacy.mechanisms.tree import tree
     from fedsim.privacy.workloads import prefix_sum
+
+    families = {
+        "identity": lambda A: identity(A),
+        "tree": lambda A: tree(A.shape[0], A=A),
+        "sqrt": lambda A: sqrt_toeplitz(A),
+        "dense": lambda A: factorize_dense(A, tol=args.tol, cache=False),
+        "dpmf_plus": lambda A: factorize_dpmf_plus(A, tol=args.tol, cache=False),
+    }
 
     for n in args.n:
         A = prefix_sum(n)
@@ -58,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             if mech == "tree" and n & (n - 1):
                 continue
             start = time.perf_counter()
-            f = make_factorization(mech, A, tol=args.tol, cache=False)
+            f = families[mech](A)
             seconds = time.perf_counter() - start
             row = {
                 "mechanism": mech,

@@ -52,40 +52,40 @@ def child(mechanism: str, d: int, t: int, n: int, bands: int) -> dict:
     import numpy as np
     import torch
 
-    from fedsim.privacy.noise import BandedNoise, GaussianNoise, MatrixNoise
+    from fedsim.privacy.mechanisms.banded import BandedStream
+    from fedsim.privacy.mechanisms.blt import BLTStream
+    from fedsim.privacy.noise import MatrixStream, NoiseMechanism, gaussian_noise
 
     torch.set_num_threads(1)
     base = _rss_mb()
     if mechanism == "identity":
-        noise = GaussianNoise(d, 0)
+        noise = gaussian_noise(d, 0)
     elif mechanism == "banded":
         rng = np.random.default_rng(0)
         C = np.tril(rng.uniform(-0.1, 0.1, (n, n)))
         C[np.tril_indices(n, -bands)] = 0.0
         C[np.diag_indices(n)] = 1.0
-        noise = BandedNoise(d, 0, "cpu", C, 1.0)
-        noise.next_t = t
+        stream = BandedStream(C, 1.0)
+        noise = NoiseMechanism(d, 0, "cpu", stream)
+        stream.next_t = t
         if t > 0:
-            noise._ring().normal_()  # state of round t: b − 1 stored rows (no temporaries)
+            stream._ring().normal_()  # state of round t: b − 1 stored rows (no temporaries)
     elif mechanism == "blt":
-        import dataclasses
-
-        from fedsim.privacy.noise import BLTNoise
-
         theta, omega = np.array([0.99, 0.9, 0.6, 0.2]), np.array([0.05, 0.1, 0.1, 0.1])
-        noise = BLTNoise(d, 0, "cpu", theta, omega, 1.0)
+        blt = BLTStream(theta, omega, 1.0)
+        noise = NoiseMechanism(d, 0, "cpu", blt)
         if t > 0:
-            bufs = tuple(torch.empty(d).normal_() for _ in range(4))
-            noise.state = dataclasses.replace(noise.state, t=t, buffers=bufs)
+            blt.t = t
+            blt.buffers = tuple(torch.empty(d).normal_() for _ in range(4))
     elif mechanism == "dense":
         from scipy.linalg import solve_triangular, toeplitz
 
-        from fedsim.privacy.factorizations import sqrt_toeplitz_coefficients
+        from fedsim.privacy.mechanisms.sqrt import sqrt_toeplitz_coefficients
 
         c = sqrt_toeplitz_coefficients(n)
         C = np.tril(toeplitz(c))
         M = solve_triangular(C, np.eye(n), lower=True)
-        noise = MatrixNoise(d, 0, "cpu", M, 1.0, label="dense", memory_budget=0)
+        noise = NoiseMechanism(d, 0, "cpu", MatrixStream(M, 1.0, name="dense", memory_budget=0))
     else:
         raise SystemExit(f"unknown mechanism {mechanism}")
     ready = _rss_mb()

@@ -110,11 +110,11 @@ import json, resource, sys, time
 import numpy as np, torch
 torch.set_num_threads(1)
 from fedsim.config import load_config
-from fedsim.data import DataSpec, load_federated
+from fedsim.data import load_federated
 from fedsim.models import make_model
 from fedsim.seeding import derive_seed
 cfg = load_config(None, json.loads(sys.argv[1]))
-data = load_federated(DataSpec.from_config(cfg.data))
+data = load_federated(cfg.data)
 model = make_model(cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"))
 params = list(model.parameters())
 x = torch.nn.utils.parameters_to_vector(params).detach().clone()
@@ -148,7 +148,7 @@ FEDSIM = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 from fedsim.config import load_config
-from fedsim.simulation import run_experiment
+from fedsim.run import run_experiment
 cfg = load_config(None, json.loads(sys.argv[1]))
 s = run_experiment(cfg, sys.argv[2], progress=False)
 rows = [json.loads(l) for l in open(sys.argv[2] + "/metrics.jsonl")]
@@ -168,14 +168,14 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 from flwr.simulation import run_simulation
 from fedsim.config import load_config
-from fedsim.data import DataSpec, load_federated
+from fedsim.data import load_federated
 from fedsim.models import make_model
 from fedsim.seeding import derive_seed
 cfg = load_config(None, json.loads(sys.argv[1]))
 N, K = cfg.data.num_clients if cfg.data.name == "synthetic" else None, cfg.sampling.cohort_size
 
 def build():
-    data = load_federated(DataSpec.from_config(cfg.data))
+    data = load_federated(cfg.data)
     return data, make_model(cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"))
 
 client = ClientApp()

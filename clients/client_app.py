@@ -20,7 +20,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from fedsim import protocol, records
-from fedsim.data import DataSpec
+from fedsim.data import spec_from_json
 from fedsim.deploy.nodes import DATA_ROOT, USER_SHARD, node_data
 from fedsim.models import make_model
 from fedsim.training import evaluate_users, train_users, train_users_ef
@@ -156,7 +156,7 @@ def evaluate(msg: Message, context: Context) -> Message:
 def census(msg: Message, context: Context) -> Message:
     """Deployment: report this node's users (names, train and test sample counts) and the
     model dimensions of its data, for the data spec in the message."""
-    spec = DataSpec.from_json(str(records.config(msg, protocol.CONFIG)["data"]))
+    spec = spec_from_json(str(records.config(msg, protocol.CONFIG)["data"]))
     data = node_data(spec, dict(context.node_config))
     metrics = MetricRecord(
         {

@@ -32,7 +32,7 @@ import torch
 from fedsim.error_feedback import ServerErrorFeedback, client_ef_update, server_noise_norm
 from fedsim.optim import make_optimizer
 from fedsim.privacy.accounting import AccountingSpec, epsilon
-from fedsim.privacy.noise import GaussianNoise
+from fedsim.privacy.noise import gaussian_noise
 from fedsim.privacy.participation import make_scheme
 from fedsim.sampling import make_sampler
 from fedsim.server import DPServer
@@ -109,7 +109,7 @@ def part_b(
     server_ef = ServerErrorFeedback(1, c2) if mode == "server" else None
     server = DPServer(
         torch.tensor([3.0]),
-        GaussianNoise(1, seed + 10_000),
+        gaussian_noise(1, seed + 10_000),
         make_optimizer("sgd", server_lr),
         _RoundCounter(),
         noise_norm,

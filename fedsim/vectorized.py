@@ -7,7 +7,7 @@ launch overhead, not arithmetic; training ``U`` users as one batched computation
 sequential training (:func:`fedsim.training.local_delta` user by user) up to float rounding:
 every user takes the same steps on the same batches in the same order, drawn from its own
 generator ``(seed, "client", round, user)``; users are grouped by sample count so that their
-step structures coincide. ``tests/test_vectorized.py`` checks the equivalence.
+step structures coincide. ``tests/training/test_vectorized.py`` checks the equivalence.
 
 Models with recurrent layers (``nn.LSTM``, Opacus's ``DPLSTM``) are not vectorized (their
 fused kernels do not batch under ``vmap``); neither are DiSK's two-point evaluation, error

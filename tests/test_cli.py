@@ -10,16 +10,7 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
-
-from fedsim.cli import main
-
-
-def run_cli(capsys, *args):
-    with pytest.raises(SystemExit) as ei:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return ei.value.code, out.out, out.err
+from helpers import run_cli
 
 
 def test_privacy_json_matches_dp_accounting(capsys):

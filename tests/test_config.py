@@ -258,8 +258,11 @@ def test_defaults_are_documented_values():
     assert cfg.sampling.scheme == "poisson"
     assert cfg.privacy.mechanism == "gaussian"
     assert cfg.privacy.noise_multiplier == 1.0 and cfg.privacy.target_epsilon is None
-    assert cfg.server.optimizer == "sgd"
-    assert (cfg.server.beta1, cfg.server.beta2, cfg.server.eps) == (0.9, 0.99, 1e-3)
+    assert cfg.server.optimizer == "sgd" and cfg.server.lr == 1.0
+    adam = config_from_dict({"server": {"optimizer": "adam"}}).server
+    assert (adam.beta1, adam.beta2, adam.eps, adam.bias_correction) == (0.9, 0.99, 1e-3, True)  # type: ignore[attr-defined]
+    assert config_from_dict({"server": {"optimizer": "momentum"}}).server.momentum == 0.9  # type: ignore[attr-defined]
+    assert config_from_dict({"filter": {"name": "disk"}, "server": {"optimizer": "sgd"}}).filter.kappa == 0.7  # type: ignore[attr-defined]
 
 
 def test_assignment_is_validated():

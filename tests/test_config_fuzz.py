@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from fedsim.config import config_from_dict
 from fedsim.errors import FedsimError
-from fedsim.simulation import privacy_report
+from fedsim.run import privacy_report
 
 FUZZ = settings(
     max_examples=40,
@@ -180,10 +180,16 @@ def test_invalid_values_name_the_key(case, bad):
 )
 def test_unknown_keys_name_the_key(case, prefix, name):
     raw, _ = case
-    from fedsim.config import Config
+    from fedsim.config import Config, choice_tables
 
     section = prefix.rstrip(".")
-    model = Config if not section else Config.model_fields[section].annotation
+    tables = choice_tables()
+    if section in tables:  # a choice table: the keys of the chosen kind
+        which, models = tables[section]
+        chosen = (raw.get(section) or {}).get(which, Config().model_dump()[section][which])
+        model = models[chosen]
+    else:
+        model = Config if not section else Config.model_fields[section].annotation
     if name in model.model_fields:
         return
     key = f"{prefix}{name}"

@@ -9,9 +9,9 @@ import stat
 import time
 
 import pytest
+from helpers import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_cli import run_cli
 
 #: Inputs the fuzz tests tried (reported by the last test of this module).
 TRIED: dict[str, int] = {"filesystem": 0, "numeric": 0}

@@ -4,9 +4,9 @@ memory-mapped user-contiguous arrays."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -130,3 +130,38 @@ class CachedArrays(UserCounts):
         train = (self._y["train"][self._start["train"][u] : self._start["train"][u] + self.num_train(u)] for u in users)
         test = (self.test_samples(u, max_examples)[1].numpy() for u in users)
         return majority(train, test, self.vocab_size)
+
+
+class Population(Protocol):
+    """What the server needs of a population: who the users are and how much data each holds
+    (a deployment's census has no samples)."""
+
+    task: str
+
+    @property
+    def vocab_size(self) -> int:
+        """Classes of the task's output (characters, words, labels)."""
+        ...
+
+    @property
+    def names(self) -> Sequence[str]:
+        """Each user's stable name (what keyed participation hashes), in user-index order."""
+        ...
+
+    @property
+    def population(self) -> int: ...
+    def num_train(self, u: int) -> int: ...
+    def num_test(self, u: int) -> int: ...
+    def examples_per_user(self) -> np.ndarray: ...
+    def model_dims(self) -> dict[str, int]: ...
+    def majority_baseline(self, users: list[int], max_examples: int | None = None) -> tuple[int, float] | None: ...
+
+
+class FederatedData(Population, Protocol):
+    """What training and evaluation need from a federated dataset: a :class:`Population` with
+    samples, a loss and evaluation sums."""
+
+    def train_samples(self, u: int, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def test_samples(self, u: int, max_examples: int | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
+    def eval_sums(self, out: torch.Tensor, y: torch.Tensor) -> dict[str, float]: ...

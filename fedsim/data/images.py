@@ -32,13 +32,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from fedsim.data.base import CachedArrays, TopOneClassification
 from fedsim.data.hf_local import build_once, cache_folder, load_hf_folder, split_source, user_contiguous
+from fedsim.data.registry import DatasetKind, LocalDataOptions, register_dataset, subset
 from fedsim.errors import FedsimError
 
 CACHE_VERSION = 1
@@ -252,3 +254,47 @@ class FederatedImages(TopOneClassification, CachedArrays):
     def _inputs(self, x: np.ndarray) -> torch.Tensor:
         """Pixels scaled to [0, 1] and standardized per channel."""
         return (torch.from_numpy(x).float().div_(255.0) - self.mean) / self.std
+
+
+class FemnistOptions(LocalDataOptions):
+    """``data.name = "femnist"``: FEMNIST from a local Hugging Face folder in ``root``; users are
+    writers."""
+
+    name: Literal["femnist"] = "femnist"
+
+
+class Cifar100Options(LocalDataOptions):
+    """``data.name = "cifar100"``: CIFAR-100 from a local Hugging Face folder in ``root``, dealt to
+    users by a Dirichlet partition.
+
+    Parameters
+    ----------
+    num_clients : users the train split is dealt to. Default 500 (TFF's count).
+    partition_alpha : Dirichlet concentration of each user's label mix (smaller = more
+        heterogeneous). Default 0.1.
+    """
+
+    name: Literal["cifar100"] = "cifar100"
+    num_clients: int = Field(default=500, ge=2)
+    partition_alpha: float = Field(default=0.1, gt=0.0, le=1e6)
+
+
+def load_images(spec: FemnistOptions | Cifar100Options) -> FederatedImages:
+    """The image population of ``spec`` (a seeded subset with ``max_users``)."""
+    assert spec.root is not None
+    clients, alpha = (spec.num_clients, spec.partition_alpha) if isinstance(spec, Cifar100Options) else (500, 0.1)
+    full = FederatedImages(spec.name, spec.root, clients, alpha, spec.subset_seed, spec.cache_dir)
+    if spec.max_users is None or spec.max_users >= full.population:
+        return full
+    keep = subset(full.population, spec.max_users, spec.subset_seed)
+    return FederatedImages(spec.name, spec.root, clients, alpha, spec.subset_seed, spec.cache_dir, keep)
+
+
+register_dataset(
+    DatasetKind("femnist", FemnistOptions, "femnist", load_images, "FEMNIST (local files), users = writers")
+)
+register_dataset(
+    DatasetKind(
+        "cifar100", Cifar100Options, "cifar100", load_images, "CIFAR-100 (local files), users from a Dirichlet split"
+    )
+)

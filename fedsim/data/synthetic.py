@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from fedsim.data.base import TopOneClassification, majority, test_indices
+from fedsim.data.registry import DataOptions, DatasetKind, register_dataset
 
 
 class _Names(Sequence[str]):
@@ -111,3 +113,35 @@ class SyntheticClassification(TopOneClassification):
         train = (self._user(u)[1][: self.m].numpy() for u in users)
         test = (self.test_samples(u, max_examples)[1].numpy() for u in users)
         return majority(train, test, self.k)
+
+
+class SyntheticOptions(DataOptions):
+    """``data.name = "synthetic"``: a generated classification population (nothing stored per user).
+
+    Parameters
+    ----------
+    num_clients : users. Default 500.
+    samples_per_user : train samples per user. Default 32.
+    num_features : input dimension. Default 64.
+    num_classes : classes. Default 10.
+    """
+
+    name: Literal["synthetic"] = "synthetic"
+    num_clients: int = Field(default=500, ge=2)
+    samples_per_user: int = Field(default=32, ge=1, le=1_000_000)
+    num_features: int = Field(default=64, ge=1, le=1_000_000)
+    num_classes: int = Field(default=10, ge=2, le=100_000)
+
+
+def load_synthetic(spec: SyntheticOptions) -> SyntheticClassification:
+    """The generated population of ``spec`` (its seed: ``subset_seed``)."""
+    return SyntheticClassification(
+        spec.num_clients, spec.samples_per_user, spec.num_features, spec.num_classes, spec.subset_seed
+    )
+
+
+register_dataset(
+    DatasetKind(
+        "synthetic", SyntheticOptions, "vector", load_synthetic, "a generated classification population (benchmarks)"
+    )
+)

@@ -20,13 +20,13 @@ In simulation no node config is set, every worker sees the whole dataset and loc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedsim.data import DataSpec, FederatedData, load_federated
+from fedsim.data import DataOptions, FederatedData, data_spec, load_federated
 from fedsim.data.base import UserCounts
 from fedsim.errors import FedsimError
 
@@ -92,14 +92,15 @@ class NodeView:
         return None
 
 
-def node_data(spec: DataSpec, node_config: dict[str, Any]) -> FederatedData:
+def node_data(spec: DataOptions, node_config: dict[str, Any]) -> FederatedData:
     """The users this node holds: ``spec`` with the node's ``data-root``, restricted to its
     ``user-shard``. Without node config: the whole dataset (simulation)."""
     if not is_node_local(node_config):
         return load_federated(spec)
-    spec = replace(spec, max_users=None)  # a node serves all the users it holds (or its shard)
-    if DATA_ROOT in node_config:
-        spec = replace(spec, root=str(node_config[DATA_ROOT]))
+    changes: dict[str, Any] = {"max_users": None}  # a node serves all the users it holds (or its shard)
+    if DATA_ROOT in node_config and "root" in type(spec).model_fields:
+        changes["root"] = str(node_config[DATA_ROOT])
+    spec = data_spec(spec.name, **{**spec.model_dump(exclude={"name"}), **changes})
     data = load_federated(spec)
     keep = list(range(data.population))
     if USER_SHARD in node_config:

@@ -23,7 +23,6 @@ held by the simulator).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,20 +30,9 @@ from typing import Any
 from fedsim.config import Config, load_config
 from fedsim.errors import FedsimError
 from fedsim.privacy.rng import PrivacyKey
+from fedsim.run.build import Deployment
 
 DEFAULT_CONFIG = "experiments/shakespeare_default.toml"
-
-
-@dataclass
-class Deployment:
-    """What :func:`fedsim.simulation.run_experiment` needs to run on a Deployment Engine."""
-
-    grid: Any
-    data: Any
-    owners: dict[int, tuple[int, int]]
-    min_nodes: int
-    #: the root of every privacy stream, from the OS CSPRNG; never logged or sent.
-    privacy_key: PrivacyKey
 
 
 def _resolve(path: str, app_dir: Path | None) -> Path:
@@ -89,9 +77,9 @@ def parse_run_config(run_config: dict[str, Any], app_dir: Path | None = None) ->
 
 def run_deployment(grid: Any, run_config: dict[str, Any], app_dir: Path | None = None) -> dict[str, Any]:
     """The deployed ServerApp's main: wait for the nodes, take the census, run the experiment."""
-    from fedsim.data import DataSpec
+    from fedsim.data import spec_to_json
     from fedsim.deploy.nodes import merge_census
-    from fedsim.simulation import run_experiment
+    from fedsim.run import run_experiment
     from strategies.user_dp import census
 
     cfg, out_dir, min_nodes, timeout = parse_run_config(run_config, app_dir)
@@ -103,6 +91,6 @@ def run_deployment(grid: Any, run_config: dict[str, Any], app_dir: Path | None =
                 f"connected within {timeout:.0f} s"
             )
         time.sleep(0.2)
-    data, owners = merge_census(census(grid, DataSpec.from_config(cfg.data).to_json(), timeout))
+    data, owners = merge_census(census(grid, spec_to_json(cfg.data), timeout))
     deployment = Deployment(grid, data, owners, min_nodes, PrivacyKey.generate())
     return run_experiment(cfg, out_dir, progress=True, deployment=deployment)

@@ -1,17 +1,19 @@
 """Server-side filters of the noisy mean update ``ĝ_t`` (docs/algorithms.md §6).
 
-Use :func:`make_filter`; every filter has ``step(update)``, ``impulse_response(n)``,
-``variance_gain(n)``, ``variance_gain_row(t)``, ``state_dict()`` and ``load_state_dict()``.
+Every filter registers itself in :data:`FILTERS` with its options model; use :func:`make_filter`
+(by name) or a :class:`FilterKind`'s ``build`` (from validated options). Every filter has
+``step(update)``, ``impulse_response(n)``, ``variance_gain(n)``, ``variance_gain_row(t)``,
+``state_dict()`` and ``load_state_dict()``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fedsim.errors import FedsimError
-from fedsim.filters.base import Filter, IdentityFilter
+from fedsim.filters.base import FILTERS, Filter, FilterKind, FilterOptions, IdentityFilter, register_filter
 from fedsim.filters.doppler import DEFAULT_PRESET, PRESETS, DopplerFilter, validate_coefficients
 from fedsim.filters.ema import DISK_MODES, DiskFilter, EMAFilter
+from fedsim.registry import validate_options
 
 __all__ = [
     "DEFAULT_PRESET",
@@ -22,27 +24,22 @@ __all__ = [
     "DopplerFilter",
     "EMAFilter",
     "Filter",
+    "FilterKind",
+    "FilterOptions",
     "IdentityFilter",
     "make_filter",
+    "register_filter",
     "validate_coefficients",
 ]
 
-#: Filter names accepted by :func:`make_filter` and the parameters each takes.
-FILTERS: dict[str, tuple[type[Filter], tuple[str, ...]]] = {
-    "none": (IdentityFilter, ()),
-    "ema": (EMAFilter, ("kappa",)),
-    "doppler": (DopplerFilter, ("preset", "b", "a")),
-    "disk": (DiskFilter, ("mode", "kappa", "gamma")),
-}
-
 
 def make_filter(name: str, **params: Any) -> Filter:
-    """Build a server-side filter by name.
+    """Build a registered server-side filter by name.
 
     Parameters
     ----------
-    name : ``none`` (identity), ``ema``, ``doppler`` or ``disk``.
-    **params : the filter's settings; parameters given as None take their defaults.
+    name : a registered filter (``none``, ``ema``, ``doppler``, ``disk``, …).
+    **params : the filter's options; parameters given as None take their defaults.
 
         - ``ema``: ``kappa`` (default 0.7).
         - ``doppler``: ``preset`` (default ``first_order_v1``), or ``b`` and ``a``
@@ -60,16 +57,7 @@ def make_filter(name: str, **params: Any) -> Filter:
     FedsimError
         For an unknown name, a parameter the filter does not take, or invalid settings.
     """
-    if name not in FILTERS:
-        raise FedsimError(f"filter.name = {name!r} is unknown; use one of {', '.join(FILTERS)}")
-    cls, allowed = FILTERS[name]
-    extra = sorted(set(params) - set(allowed))
-    if extra:
-        raise FedsimError(
-            f"filter {name!r} does not take {', '.join(extra)}; its parameters are "
-            f"{', '.join(allowed) if allowed else 'none'}"
-        )
-    kwargs = {k: v for k, v in params.items() if v is not None}
-    if name == "doppler" and "b" in kwargs:
-        kwargs.pop("preset", None)
-    return cls(**kwargs)
+    kind = FILTERS.get_part(name)
+    values = {k: list(v) if isinstance(v, tuple) or getattr(v, "ndim", 0) > 0 else v for k, v in params.items()}
+    opts = validate_options(kind.options, {"name": name, **values}, f"filter {name!r}", "filter")
+    return kind.build(opts)

@@ -11,12 +11,15 @@ post-processing: ε is unchanged.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from fedsim.errors import FedsimError
+from fedsim.registry import ChoiceOptions, Registry
 
 
 def _check_update(update: torch.Tensor) -> None:
@@ -161,3 +164,46 @@ class IdentityFilter(Filter):
         """See :meth:`Filter.load_state_dict`."""
         self._check_state(state, {})
         self.t = int(state["t"])
+
+
+class FilterOptions(ChoiceOptions):
+    """Base of every filter's options (the ``[filter]`` keys that belong to it); ``name`` is the
+    discriminator, a ``Literal`` of the filter's registered name in each subclass."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class FilterKind:
+    """A registered server filter.
+
+    Parameters
+    ----------
+    name : ``filter.name``.
+    options : its options model.
+    build : options → a fresh filter with zero history.
+    summary : one line for the docs and ``--help``.
+    """
+
+    name: str
+    options: type[FilterOptions]
+    build: Callable[[Any], Filter]
+    summary: str
+
+
+#: The server filters, by ``filter.name``.
+FILTERS: Registry[FilterKind] = Registry("server filter", "filter.name")
+
+
+def register_filter(kind: FilterKind) -> FilterKind:
+    """Register ``kind`` (its options' ``name`` must default to ``kind.name``)."""
+    return FILTERS.add(kind.name, kind, options=kind.options)
+
+
+class NoFilterOptions(FilterOptions):
+    """``filter.name = "none"``: no options."""
+
+    name: Literal["none"] = "none"
+
+
+register_filter(FilterKind("none", NoFilterOptions, lambda o: IdentityFilter(), "no filter (the identity)"))

@@ -16,14 +16,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from scipy.signal import lfilter
 
 from fedsim.errors import FedsimError
-from fedsim.filters.base import Filter, _check_update
+from fedsim.filters.base import Filter, FilterKind, FilterOptions, _check_update, register_filter
 
 #: Presets of docs/algorithms.md §6 (paper Tables 2 and 4): name -> (b, a), ``a`` without the leading 1.
 PRESETS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
@@ -234,3 +234,29 @@ class DopplerFilter(Filter):
         self._m_hist.extend(m.clone() for m in state["m_hist"])
         self._c_hist.clear()
         self._c_hist.extend(float(c) for c in state["c_hist"])
+
+
+class DopplerOptions(FilterOptions):
+    """``filter.name = "doppler"``.
+
+    Parameters
+    ----------
+    preset : DOPPLER preset (``first_order_v1`` default; ``momentum``, ``first_order_v2``,
+        ``second_order``, ``f1``..``f6``); ignored when ``b`` and ``a`` are given.
+    b, a : a custom DOPPLER IIR filter (``a`` without the leading 1): unit DC gain, stable.
+    """
+
+    name: Literal["doppler"] = "doppler"
+    preset: str = DEFAULT_PRESET
+    b: list[float] | None = None
+    a: list[float] | None = None
+
+
+register_filter(
+    FilterKind(
+        "doppler",
+        DopplerOptions,
+        lambda o: DopplerFilter(preset=o.preset, b=o.b, a=o.a),
+        "DOPPLER: a low-pass IIR filter of the noisy updates (presets or custom b, a)",
+    )
+)

@@ -12,13 +12,14 @@ helpers for those.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field, model_validator
 
 from fedsim.errors import FedsimError
-from fedsim.filters.base import Filter, _check_update
+from fedsim.filters.base import Filter, FilterKind, FilterOptions, _check_update, register_filter
 
 DEFAULT_KAPPA = 0.7
 DEFAULT_GAMMA = 0.5
@@ -195,3 +196,59 @@ class DiskFilter(EMAFilter):
 
     def _settings(self) -> dict[str, Any]:
         return {"mode": self.mode, "kappa": self.kappa, "gamma": self.gamma}
+
+
+class EMAOptions(FilterOptions):
+    """``filter.name = "ema"``.
+
+    Parameters
+    ----------
+    kappa : κ, the weight of the newest update, in ``(0, 1]``. Default 0.7.
+    """
+
+    name: Literal["ema"] = "ema"
+    kappa: float = Field(default=DEFAULT_KAPPA, gt=0, le=1)
+
+
+class DiskOptions(FilterOptions):
+    """``filter.name = "disk"`` (DiSK; docs/algorithms.md §6).
+
+    Parameters
+    ----------
+    mode : ``two_point`` (default; faithful: each client trains twice, at ``x_t`` and at
+        ``x_t + γ·d_{t−1}``, and mixes before clipping: 2× client compute, the previous server step
+        on the downlink), ``lookahead`` (one evaluation at ``x_t + γ·d_{t−1}`` with
+        ``γ = (1−κ)/κ``) or ``ema`` (server-side EMA only).
+    kappa : κ. Default 0.7.
+    gamma : γ (``two_point``). Default 0.5; ``lookahead`` derives ``γ = (1−κ)/κ`` and refuses
+        another value.
+    """
+
+    name: Literal["disk"] = "disk"
+    mode: Literal["two_point", "lookahead", "ema"] = "two_point"
+    kappa: float = Field(default=DEFAULT_KAPPA, gt=0, le=1)
+    gamma: float | None = Field(default=None, gt=0, le=100)
+
+    @model_validator(mode="after")
+    def _lookahead_gamma(self) -> DiskOptions:
+        if self.mode == "lookahead" and self.gamma is not None:
+            want = (1.0 - self.kappa) / self.kappa
+            if abs(self.gamma - want) > 1e-9 * max(1.0, want):
+                raise ValueError(
+                    f"filter.mode = 'lookahead' uses γ = (1−κ)/κ = {want:.6g} (that makes a = 1); "
+                    f"remove filter.gamma or use filter.mode = 'two_point'"
+                )
+        return self
+
+
+register_filter(
+    FilterKind("ema", EMAOptions, lambda o: EMAFilter(o.kappa), "exponential moving average g̃_t = (1−κ)g̃_{t−1} + κĝ_t")
+)
+register_filter(
+    FilterKind(
+        "disk",
+        DiskOptions,
+        lambda o: DiskFilter(o.mode, o.kappa, o.gamma),
+        "DiSK: the EMA with clients' two-point (or look-ahead) evaluation",
+    )
+)

@@ -20,12 +20,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from fedsim.errors import FedsimError
+from fedsim.registry import Registry
 
 
 class CharLSTM(nn.Module):
@@ -192,36 +194,64 @@ class ResNet18GN(nn.Module):
         return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
 
 
-#: name → (task, class, fixed keyword arguments)
-MODELS: dict[str, tuple[str, type[nn.Module], dict[str, Any]]] = {
-    "shakespeare_lstm": ("char", CharLSTM, dict(embed_dim=8, hidden=256, layers=2)),
-    "shakespeare_lstm_small": ("char", CharLSTM, dict(embed_dim=8, hidden=64, layers=2)),
-    "so_nwp_lstm": ("nwp", WordLSTM, dict(embed_dim=96, hidden=670)),
-    "so_nwp_lstm_small": ("nwp", WordLSTM, dict(embed_dim=16, hidden=64)),
-    "so_tag_logreg": ("tag", TagLogReg, {}),
-    "femnist_cnn": ("femnist", SmallCNN, dict(widths=(32, 64), kernel=5, hidden=2048)),
-    "femnist_cnn_small": ("femnist", SmallCNN, dict(widths=(16, 32), kernel=5, hidden=128)),
-    "cifar_resnet18_gn": ("cifar100", ResNet18GN, dict(groups=2)),
-    "cifar_cnn_small": ("cifar100", SmallCNN, dict(widths=(32, 64), kernel=3, hidden=256)),
-    "logreg": ("vector", LogReg, {}),
-}
-#: the task of each dataset (``data.name``)
-DATA_TASKS = {
-    "shakespeare": "char",
-    "shakespeare_leaf": "char",
-    "stackoverflow_nwp": "nwp",
-    "stackoverflow_tag": "tag",
-    "femnist": "femnist",
-    "cifar100": "cifar100",
-    "synthetic": "vector",
-}
+@dataclass(frozen=True)
+class ModelKind:
+    """A registered model.
+
+    Parameters
+    ----------
+    name : ``model.name``.
+    task : the datasets' task it is built for (``char``, ``nwp``, ``tag``, ``femnist``,
+        ``cifar100``, ``vector``; a dataset's registered task).
+    cls : the module class; built with the dataset's :meth:`model_dims`, ``kwargs`` and
+        ``dp_layers``.
+    kwargs : fixed keyword arguments (layer sizes).
+    summary : one line for the docs.
+    """
+
+    name: str
+    task: str
+    cls: type[nn.Module]
+    kwargs: dict[str, Any]
+    summary: str
+
+
+#: The models, by ``model.name``.
+MODELS: Registry[ModelKind] = Registry("model", "model.name")
+
+
+def register_model(kind: ModelKind) -> ModelKind:
+    """Register ``kind`` under its name."""
+    return MODELS.add(kind.name, kind)
+
+
+for _kind in (
+    ModelKind(
+        "shakespeare_lstm", "char", CharLSTM, dict(embed_dim=8, hidden=256, layers=2), "LEAF: embed 8, 2×LSTM 256"
+    ),
+    ModelKind(
+        "shakespeare_lstm_small",
+        "char",
+        CharLSTM,
+        dict(embed_dim=8, hidden=64, layers=2),
+        "embed 8, 2×LSTM 64 (under 100k parameters)",
+    ),
+    ModelKind("so_nwp_lstm", "nwp", WordLSTM, dict(embed_dim=96, hidden=670), "TFF: embed 96, LSTM 670, dense 96"),
+    ModelKind("so_nwp_lstm_small", "nwp", WordLSTM, dict(embed_dim=16, hidden=64), "embed 16, LSTM 64"),
+    ModelKind("so_tag_logreg", "tag", TagLogReg, {}, "TFF: one dense sigmoid layer"),
+    ModelKind("femnist_cnn", "femnist", SmallCNN, dict(widths=(32, 64), kernel=5, hidden=2048), "LEAF's CNN"),
+    ModelKind("femnist_cnn_small", "femnist", SmallCNN, dict(widths=(16, 32), kernel=5, hidden=128), "a smaller CNN"),
+    ModelKind("cifar_resnet18_gn", "cifar100", ResNet18GN, dict(groups=2), "ResNet-18 with group norm"),
+    ModelKind("cifar_cnn_small", "cifar100", SmallCNN, dict(widths=(32, 64), kernel=3, hidden=256), "a small CNN"),
+    ModelKind("logreg", "vector", LogReg, {}, "logistic regression"),
+):
+    register_model(_kind)
 
 
 def model_task(name: str) -> str:
-    """The task (``char``, ``nwp``, ``tag``, ``femnist``, ``cifar100``) model ``name`` is built for."""
-    if name not in MODELS:
-        raise FedsimError(f"model.name = {name!r}: allowed are {', '.join(MODELS)}")
-    return MODELS[name][0]
+    """The task (``char``, ``nwp``, ``tag``, ``femnist``, ``cifar100``, ``vector``) model ``name``
+    is built for."""
+    return MODELS.get_part(name).task
 
 
 def make_model(name: str, dims: int | dict[str, int], seed: int = 0, dp_layers: bool = False) -> nn.Module:
@@ -229,8 +259,8 @@ def make_model(name: str, dims: int | dict[str, int], seed: int = 0, dp_layers: 
 
     ``dims``: the dataset's :meth:`model_dims` (an ``int`` is a character ``vocab_size``);
     ``dp_layers``: the Opacus-compatible variant (example-level DP, ``privacy.unit = "example"``)."""
-    model_task(name)
-    task, cls, kwargs = MODELS[name]
+    kind = MODELS.get_part(name)
+    task, cls, kwargs = kind.task, kind.cls, kind.kwargs
     if isinstance(dims, int):
         dims = {"vocab_size": dims}
     image = ("channels", "num_classes", "size")

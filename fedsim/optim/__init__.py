@@ -21,11 +21,14 @@ import math
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
+from pydantic import Field
 
 from fedsim.errors import FedsimError
+from fedsim.registry import ChoiceOptions, Registry, validate_options
 
 
 class ServerOptimizer(ABC):
@@ -322,51 +325,150 @@ def _check_betas(beta1: float, beta2: float) -> None:
             raise FedsimError(f"server.{nm} must be in [0, 1) (got {b})")
 
 
-def make_optimizer(
-    name: str,
-    lr: float,
-    momentum: float = 0.9,
-    beta1: float = 0.9,
-    beta2: float = 0.99,
-    eps: float = 1e-3,
-    bias_correction: bool = True,
-    noise_variance: Callable[[int], float] | None = None,
-    gamma_frac: float = 0.01,
-) -> ServerOptimizer:
-    """The server optimizer called ``name``.
+class OptimizerOptions(ChoiceOptions):
+    """Base of every server optimizer's options (the ``[server]`` keys that belong to it);
+    ``optimizer`` is the discriminator, a ``Literal`` of the registered name in each subclass."""
+
+    optimizer: str
+
+
+class SGDOptions(OptimizerOptions):
+    """``server.optimizer = "sgd"``: no options besides ``server.lr``."""
+
+    optimizer: Literal["sgd"] = "sgd"
+
+
+class MomentumOptions(OptimizerOptions):
+    """``server.optimizer = "momentum"`` (FedAvgM).
 
     Parameters
     ----------
-    name : str
-        ``sgd`` | ``momentum`` | ``adam`` | ``yogi`` | ``adambc``.
-    lr, momentum, beta1, beta2, eps, bias_correction
-        Hyperparameters of the respective optimizer (``eps`` is τ for adam/yogi; AdamBC
-        has no additive ε and ignores ``eps``/``bias_correction``: it always bias-corrects
-        its moments).
-    noise_variance : Callable[[int], float] or None
-        ``t ↦ Φ_t`` from the noise mechanism; required for ``adambc``.
-    gamma_frac : float
-        AdamBC's floor ``γ′`` as a fraction of ``Φ_t``.
+    momentum : β. Default 0.9.
+    """
+
+    optimizer: Literal["momentum"] = "momentum"
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+
+
+class _Moments(OptimizerOptions):
+    """Adam's moment decays: ``beta1``, ``beta2`` (defaults 0.9, 0.99)."""
+
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.99, ge=0, lt=1)
+
+
+class AdamOptions(_Moments):
+    """``server.optimizer = "adam"`` (FedAdam).
+
+    Parameters
+    ----------
+    beta1, beta2 : moment decays. Defaults 0.9, 0.99.
+    eps : the adaptivity τ added to √v. Default 1e-3.
+    bias_correction : bias-correct both moments. Default True.
+    """
+
+    optimizer: Literal["adam"] = "adam"
+    eps: float = Field(default=1e-3, gt=0)
+    bias_correction: bool = True
+
+
+class YogiOptions(_Moments):
+    """``server.optimizer = "yogi"`` (FedYogi).
+
+    Parameters
+    ----------
+    beta1, beta2 : moment decays. Defaults 0.9, 0.99.
+    eps : the adaptivity τ (also ``√v_{−1}``). Default 1e-3.
+    bias_correction : bias-correct both moments. Default True.
+    """
+
+    optimizer: Literal["yogi"] = "yogi"
+    eps: float = Field(default=1e-3, gt=0)
+    bias_correction: bool = True
+
+
+class AdamBCOptions(_Moments):
+    """``server.optimizer = "adambc"`` (DP-AdamBC: the DP-noise variance Φ_t, computed exactly from
+    the noise mechanism and filter, removed from the second moment; no additive ε).
+
+    Parameters
+    ----------
+    beta1, beta2 : moment decays. Defaults 0.9, 0.99.
+    gamma_frac : the floor γ′ as a fraction of Φ_t. Default 0.01.
+    """
+
+    optimizer: Literal["adambc"] = "adambc"
+    gamma_frac: float = Field(default=0.01, gt=0)
+
+
+@dataclass(frozen=True)
+class OptimizerKind:
+    """A registered server optimizer.
+
+    Parameters
+    ----------
+    name : ``server.optimizer``.
+    options : its options model.
+    build : ``(options, lr, noise_variance)`` → a fresh optimizer (``noise_variance``: ``t ↦ Φ_t``,
+        None when the run has no noise).
+    summary : one line for the docs and ``--help``.
+    """
+
+    name: str
+    options: type[OptimizerOptions]
+    build: Callable[[Any, float, Callable[[int], float] | None], ServerOptimizer]
+    summary: str
+
+
+#: The server optimizers, by ``server.optimizer``.
+OPTIMIZERS: Registry[OptimizerKind] = Registry("server optimizer", "server.optimizer")
+
+
+def _adambc(o: AdamBCOptions, lr: float, noise_variance: Callable[[int], float] | None) -> ServerOptimizer:
+    if noise_variance is None:
+        raise FedsimError(
+            "server.optimizer = 'adambc' needs the noise mechanism's per-coordinate "
+            "variance Φ_t (noise_variance); it is computed from the DP noise, so "
+            "adambc requires a DP run with noise"
+        )
+    return AdamBC(lr, noise_variance, o.beta1, o.beta2, o.gamma_frac)
+
+
+for _kind in (
+    OptimizerKind("sgd", SGDOptions, lambda o, lr, _: SGD(lr), "x ← x − η g (FedAvg when η = 1)"),
+    OptimizerKind(
+        "momentum", MomentumOptions, lambda o, lr, _: Momentum(lr, o.momentum), "heavy-ball momentum (FedAvgM)"
+    ),
+    OptimizerKind(
+        "adam", AdamOptions, lambda o, lr, _: Adam(lr, o.beta1, o.beta2, o.eps, o.bias_correction), "FedAdam"
+    ),
+    OptimizerKind(
+        "yogi", YogiOptions, lambda o, lr, _: Yogi(lr, o.beta1, o.beta2, o.eps, o.bias_correction), "FedYogi"
+    ),
+    OptimizerKind("adambc", AdamBCOptions, _adambc, "DP-AdamBC: Adam with the DP noise variance Φ_t removed"),
+):
+    OPTIMIZERS.add(_kind.name, _kind, options=_kind.options)
+
+
+def make_optimizer(
+    name: str, lr: float, *, noise_variance: Callable[[int], float] | None = None, **options: Any
+) -> ServerOptimizer:
+    """The registered server optimizer called ``name``.
+
+    Parameters
+    ----------
+    name : ``sgd`` | ``momentum`` | ``adam`` | ``yogi`` | ``adambc`` (:data:`OPTIMIZERS`).
+    lr : the server step size η.
+    noise_variance : ``t ↦ Φ_t`` from the noise mechanism; required for ``adambc``.
+    **options : the optimizer's options (its options model: ``momentum``; ``beta1``, ``beta2``,
+        ``eps``, ``bias_correction``; ``gamma_frac``); None values take the defaults.
 
     Raises
     ------
     FedsimError
-        Unknown name, bad hyperparameters, or ``adambc`` without ``noise_variance``.
+        Unknown name, an option the optimizer does not take, bad hyperparameters, or ``adambc``
+        without ``noise_variance``.
     """
-    if name == "sgd":
-        return SGD(lr)
-    if name == "momentum":
-        return Momentum(lr, momentum)
-    if name == "adam":
-        return Adam(lr, beta1, beta2, eps, bias_correction)
-    if name == "yogi":
-        return Yogi(lr, beta1, beta2, eps, bias_correction)
-    if name == "adambc":
-        if noise_variance is None:
-            raise FedsimError(
-                "server.optimizer = 'adambc' needs the noise mechanism's per-coordinate "
-                "variance Φ_t (noise_variance); it is computed from the DP noise, so "
-                "adambc requires a DP run with noise"
-            )
-        return AdamBC(lr, noise_variance, beta1, beta2, gamma_frac)
-    raise FedsimError(f"server.optimizer = {name!r}: allowed are sgd, momentum, adam, yogi, adambc")
+    kind = OPTIMIZERS.get_part(name)
+    opts = validate_options(kind.options, {"optimizer": name, **options}, f"server optimizer {name!r}", "server")
+    return kind.build(opts, lr, noise_variance)

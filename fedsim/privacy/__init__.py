@@ -18,9 +18,12 @@ math                   code                        meaning
 ``ĝ_t``                ``noisy_mean``              ``(U_t + c·z·sens·n_t) / K̄``
 =====================  ==========================  ==========================================
 
-Modules: ``participation`` (schemes shared by sampler and accountant),
-``accounting`` (ε ↔ z with dp-accounting), ``ledger`` (the per-round privacy
-record), ``noise`` (streaming noise mechanisms), ``clipping``.
+Modules: ``participation`` (schemes shared by sampler and accountant), ``mechanisms`` (the
+registry of noise mechanisms, one module per family: options, strategy ``C``, sensitivity and
+noise stream), ``factorizations`` (what the families share), ``sensitivity``, ``workloads``,
+``stream`` and ``noise`` (the one streaming-noise abstraction and the one noise class),
+``accounting`` (ε ↔ z with dp-accounting), ``ledger`` (the per-round privacy record),
+``adaptive_clip``, ``clipping`` and ``rng`` (the keyed CSPRNG).
 """
 
 from fedsim.privacy.accounting import (
@@ -32,24 +35,53 @@ from fedsim.privacy.accounting import (
 )
 from fedsim.privacy.clipping import clip_vector, l2_norm
 from fedsim.privacy.ledger import Ledger
-from fedsim.privacy.noise import GaussianNoise, NoiseMechanism, ZeroNoise, make_noise_mechanism
+from fedsim.privacy.mechanisms import (
+    MECHANISMS,
+    Mechanism,
+    MechanismOptions,
+    MFPlan,
+    Strategy,
+    factorization_quality,
+    get_mechanism,
+    make_noise,
+    mechanism_names,
+    options_of,
+    plan_mf,
+    workload_matrix,
+)
+from fedsim.privacy.noise import NoiseMechanism, gaussian_noise, zero_noise
 from fedsim.privacy.participation import FixedScheme, ParticipationScheme, PoissonScheme, make_scheme
+from fedsim.privacy.rng import PrivacyKey
+from fedsim.privacy.stream import NoiseStream
 
 __all__ = [
+    "MECHANISMS",
     "AccountingSpec",
     "EpsilonCurve",
     "FixedScheme",
-    "GaussianNoise",
     "Ledger",
+    "MFPlan",
+    "Mechanism",
+    "MechanismOptions",
     "NoiseMechanism",
+    "NoiseStream",
     "ParticipationScheme",
     "PoissonScheme",
-    "ZeroNoise",
+    "PrivacyKey",
+    "Strategy",
     "calibrate_noise_multiplier",
     "clip_vector",
     "default_delta",
     "epsilon",
+    "factorization_quality",
+    "gaussian_noise",
+    "get_mechanism",
     "l2_norm",
-    "make_noise_mechanism",
+    "make_noise",
     "make_scheme",
+    "mechanism_names",
+    "options_of",
+    "plan_mf",
+    "workload_matrix",
+    "zero_noise",
 ]

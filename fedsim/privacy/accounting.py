@@ -38,9 +38,8 @@ from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from fedsim.errors import FedsimError
+from fedsim.privacy.mechanisms.registry import is_correlated
 
-#: Matrix-factorization mechanisms (correlated noise ``C⁻¹Z``).
-MF_MECHANISMS = ("identity", "tree", "sqrt", "dense", "dpmf_plus", "banded", "blt")
 #: Schemes whose participation is bounded, as MF accounting needs.
 MF_SCHEMES = ("single", "epochs", "min_sep")
 
@@ -67,8 +66,8 @@ class AccountingSpec:
 
     Parameters
     ----------
-    mechanism : ``none`` | ``gaussian``.
-    scheme : ``poisson`` | ``fixed``.
+    mechanism : a registered mechanism name (:mod:`fedsim.privacy.mechanisms`).
+    scheme : the participation scheme's name.
     population : ``N``, number of users (after any ``data.max_users`` subset).
     cohort_size : ``K̄`` (expected cohort; exactly ``K`` for ``fixed``).
     assignment : ``keyed`` or ``shuffle`` group/bucket assignment of the bounded schemes; decides
@@ -96,7 +95,7 @@ class AccountingSpec:
     assignment: str = "keyed"
 
     def __post_init__(self) -> None:
-        if self.mechanism in MF_MECHANISMS and self.scheme not in MF_SCHEMES:
+        if is_correlated(self.mechanism) and self.scheme not in MF_SCHEMES:
             raise FedsimError(
                 f"privacy.mechanism = '{self.mechanism}' (matrix factorization) needs a bounded "
                 f"participation scheme: set sampling.scheme to one of {', '.join(MF_SCHEMES)}"
@@ -107,12 +106,13 @@ class AccountingSpec:
                 f"'poisson' or 'fixed'; with '{self.scheme}' use privacy.mechanism = 'identity' "
                 f"(independent noise, no amplification)"
             )
-        if self.amplified and not (self.mechanism in MF_MECHANISMS and self.scheme == "min_sep"):
+        if self.amplified and not (is_correlated(self.mechanism) and self.scheme == "min_sep"):
             raise FedsimError("amplified MF accounting needs sampling.scheme = 'min_sep' with an MF mechanism")
 
     @property
     def is_mf(self) -> bool:
-        return self.mechanism in MF_MECHANISMS
+        """Matrix-factorization (correlated) noise: one Gaussian mechanism over the run."""
+        return is_correlated(self.mechanism)
 
     @property
     def sampling_rate(self) -> float:

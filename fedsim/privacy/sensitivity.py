@@ -31,6 +31,7 @@ import math
 from collections.abc import Iterator
 
 import numpy as np
+import torch
 
 from fedsim.errors import FedsimError
 
@@ -138,3 +139,29 @@ def sensitivity(C: np.ndarray, scheme: str, *, k: int = 1, b: int = 1) -> tuple[
     if scheme == "min_sep":
         return min_sep(C, k, b)
     raise FedsimError(f"no MF sensitivity for sampling.scheme = {scheme!r}; use single, epochs or min_sep")
+
+
+def toeplitz_pattern_sensitivity_squared(c: torch.Tensor, p: int, b: int) -> torch.Tensor:
+    """``Σ_{i,l<p} X[ib, lb]`` for ``X = CᵀC``, ``C`` the lower-triangular Toeplitz matrix with
+    coefficients ``c`` (``n`` of them): the squared sensitivity of the participation pattern
+    ``{0, b, …, (p−1)b}``, which is the worst one under ``min_sep (k, b)`` (``p = min(k, ⌈n/b⌉)``)
+    and ``epochs`` when ``c`` is non-negative and non-increasing (the proof is in
+    :mod:`fedsim.privacy.mechanisms.blt`). Computed exactly in ``O(p·n)`` from prefix sums of
+    ``c_s c_{s+δb}``; differentiable (torch), so the BLT optimiser uses it too.
+
+    Parameters
+    ----------
+    c : the coefficients ``c_0 … c_{n−1}`` (a 1-D tensor).
+    p : participations in the pattern.
+    b : the separation between them.
+    """
+    n = c.shape[0]
+    total = torch.zeros((), dtype=c.dtype)
+    for delta in range(p):
+        lag = delta * b
+        prefix = torch.cumsum(c[: n - lag] * c[lag:], dim=0)  # T_δ(L) = prefix[L − 1]
+        # pairs at lag δ·b whose larger index is m·b, m = δ … p−1: L = n − m·b summands
+        lengths = n - b * torch.arange(delta, p)
+        terms = prefix[lengths - 1].sum()
+        total = total + (terms if delta == 0 else 2.0 * terms)
+    return total

@@ -81,7 +81,7 @@ def test_keyed_assignment_displaces_nobody_and_the_pair_fits_the_ledger(case):
     name, n, cohort, b, k, rounds, mech = CASES[case]
     scheme = make_scheme(name, n, cohort, min_sep=b, max_participations=k, rounds=rounds)
     assert scheme.neighboring_relation == "add_or_remove_one"
-    plan = plan_mf(mech, scheme, rounds, bands=b)
+    plan = plan_mf(mech, scheme, rounds, **({"bands": b} if mech == "banded" else {}))
     rounds_of, mu = _attack(scheme, rounds, plan.C, plan.sens, _names(n))
     for user, rs in rounds_of["D"].items():
         assert rounds_of["D+x"][user] == rs, f"{user} moved when x joined"
@@ -96,7 +96,7 @@ def test_the_same_attack_breaks_add_remove_under_shuffle_assignment(case):
     name, n, cohort, b, k, rounds, mech = CASES[case]
     scheme = make_scheme(name, n, cohort, min_sep=b, max_participations=k, rounds=rounds, assignment="shuffle")
     assert scheme.neighboring_relation == "zero_out"
-    plan = plan_mf(mech, scheme, rounds, bands=b)
+    plan = plan_mf(mech, scheme, rounds, **({"bands": b} if mech == "banded" else {}))
     rounds_of, mu = _attack(scheme, rounds, plan.C, plan.sens, _names(n))
     moved = [u for u, rs in rounds_of["D"].items() if rounds_of["D+x"][u] != rs]
     assert moved, "a shuffle should displace someone"
@@ -145,7 +145,7 @@ def test_thinned_min_sep_others_keep_their_coins_and_x_is_poisson_sampled():
 def test_the_default_experiment_states_add_remove_and_its_expected_cohort(capsys):
     import json
 
-    from test_cli import run_cli
+    from helpers import run_cli
 
     code, out, _ = run_cli(capsys, "privacy", "--json")
     rep = json.loads(out)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.privacy.noise import GaussianNoise
+from fedsim.privacy.noise import gaussian_noise
 from fedsim.privacy.rng import KEY_BYTES, PrivacyKey
 from fedsim.seeding import derive_seed
 
@@ -24,7 +24,7 @@ def _residual(candidate: torch.Tensor, target: torch.Tensor) -> float:
 
 
 def test_seeds_differing_only_in_high_bits_give_different_noise():
-    rows = [GaussianNoise(D, PrivacyKey.from_seed(s).derive("noise")).row(0) for s in (7, 7 + 2**32, 7 + 2**62)]
+    rows = [gaussian_noise(D, PrivacyKey.from_seed(s).derive("noise")).row(0) for s in (7, 7 + 2**32, 7 + 2**62)]
     assert not torch.equal(rows[0], rows[1]) and not torch.equal(rows[0], rows[2])
     assert min(_residual(rows[0], r) for r in rows[1:]) > 1.5
     # torch's generator, for contrast, collapses exactly those seeds (the old weakness)
@@ -34,7 +34,7 @@ def test_seeds_differing_only_in_high_bits_give_different_noise():
 
 def test_a_search_over_32_bit_seeds_does_not_reproduce_a_rounds_noise():
     key = PrivacyKey.from_seed(0).derive("noise")
-    target = GaussianNoise(D, key).row(3)
+    target = gaussian_noise(D, key).row(3)
     # every candidate the old attack would try first: the low 32 bits of the config seed and of
     # the derived seeds the old code used, then a sweep of low seeds
     old_style = [derive_seed(0, "noise-base"), derive_seed(derive_seed(0, "noise-base"), "noise", 3), 0, 3]
@@ -43,19 +43,19 @@ def test_a_search_over_32_bit_seeds_does_not_reproduce_a_rounds_noise():
         _residual(torch.randn(D, generator=torch.Generator().manual_seed(s & 0xFFFFFFFF)), target) for s in candidates
     )
     assert best > 1.5  # nothing close; the right key gives 0
-    assert _residual(GaussianNoise(D, key).row(3), target) == 0.0
+    assert _residual(gaussian_noise(D, key).row(3), target) == 0.0
     # the stream's state is the full key: 256 bits, and flipping any one bit changes the noise
     assert len(key.secret) == KEY_BYTES == 32
     for bit in (0, 31, 32, 127, 128, 255):
         flipped = bytearray(key.secret)
         flipped[bit // 8] ^= 1 << (bit % 8)
-        assert _residual(GaussianNoise(D, PrivacyKey(bytes(flipped))).row(3), target) > 1.5
+        assert _residual(gaussian_noise(D, PrivacyKey(bytes(flipped))).row(3), target) > 1.5
 
 
 def test_deployment_keys_come_from_the_os_and_are_never_written(tmp_path):
     from fedsim.config import load_config
     from fedsim.deploy.runconfig import Deployment
-    from fedsim.simulation import run_experiment
+    from fedsim.run import run_experiment
 
     assert PrivacyKey.generate() != PrivacyKey.generate()
     assert "privacy_key" in Deployment.__dataclass_fields__
@@ -119,12 +119,11 @@ def test_example_level_noise_cannot_be_regenerated_from_anything_public():
         assert abs(float(np.corrcoef(cand.numpy(), a.numpy())[0, 1])) < 0.1
     # the silo key is not part of the task a worker receives (the task is all the server sends)
     from fedsim.config import load_config
-    from fedsim.data import DataSpec
     from fedsim.protocol import Task
     from fedsim.training import LocalTraining
 
     task = Task(
-        DataSpec.from_config(load_config(None).data),
+        load_config(None).data,
         "shakespeare_lstm_small",
         1,
         0,

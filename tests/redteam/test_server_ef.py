@@ -19,7 +19,7 @@ from fedsim.errors import FedsimError
 from fedsim.optim import make_optimizer
 from fedsim.privacy.accounting import AccountingSpec, epsilon
 from fedsim.privacy.ledger import Ledger, recompute_epsilon
-from fedsim.privacy.noise import ZeroNoise
+from fedsim.privacy.noise import zero_noise
 from fedsim.server import DPServer
 
 K_BAR, C1, C2, Z, Q, ROUNDS, N = 100, 1.0, 1.0, 1.0, 0.05, 200, 2000
@@ -32,7 +32,7 @@ def _released_steps(with_hostile: bool) -> torch.Tensor:
     spec = AccountingSpec("gaussian", "poisson", N, K_BAR, Z, 1e-6, no_guarantee=True)
     server = DPServer(
         torch.zeros(1),
-        ZeroNoise(1, 0),
+        zero_noise(1, 0),
         make_optimizer("sgd", 1.0),
         Ledger(spec, ROUNDS),
         server_noise_norm(C1, C2),
@@ -98,7 +98,7 @@ def test_server_ef_is_refused_in_deployment():
 
 
 def test_fedsim_privacy_prints_no_finite_epsilon(capsys):
-    from test_cli import run_cli
+    from helpers import run_cli
 
     args = ["privacy", "--population", "800"]
     for s in SERVER_EF + ["privacy.allow_no_guarantee=true"]:
@@ -112,7 +112,7 @@ def test_fedsim_privacy_prints_no_finite_epsilon(capsys):
 
 
 def test_a_server_ef_run_writes_no_finite_epsilon_anywhere(tmp_path):
-    from fedsim.simulation import run_experiment
+    from fedsim.run import run_experiment
 
     cfg = load_config(
         None,

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
 from fedsim.data.base import UserCounts
+from fedsim.data.registry import DatasetKind, LocalDataOptions, check_population, register_dataset, subset
 from fedsim.data.stackoverflow.database import StackOverflowDB
 from fedsim.data.stackoverflow.example_proto import decode_example
 from fedsim.data.stackoverflow.files import TAG_COUNT, WORD_COUNT, count_file, sqlite_path
@@ -202,3 +205,86 @@ class StackOverflowFederated(UserCounts):
             "correct": float(hits),
             "count": float(true),
         }
+
+
+class _StackOverflowOptions(LocalDataOptions):
+    """The keys both Stack Overflow tasks have.
+
+    Parameters
+    ----------
+    root : the folder with ``stackoverflow.sqlite[.lzma]``, ``stackoverflow.word_count[.tar.bz2]``,
+        ``stackoverflow.tag_count[.tar.bz2]`` (README "Datasets").
+    vocab_size : words kept from the word-count file (NWP ``V``, tag ``W``). Default 10000.
+    max_elements_per_user : a user's data is its first this many stored rows (the DP-FTRL
+        pipeline). Default 256.
+    """
+
+    vocab_size: int = Field(default=10000, ge=1, le=1_000_000)
+    max_elements_per_user: int = Field(default=256, ge=1)
+
+    def _root_meaning(self) -> str:
+        return "the folder with the TFF Stack Overflow files"
+
+
+class StackOverflowNWPOptions(_StackOverflowOptions):
+    """``data.name = "stackoverflow_nwp"``: next-word prediction.
+
+    Parameters
+    ----------
+    seq_len : words per sentence ``L``. Default 20.
+    num_oov_buckets : OOV buckets ``k`` (FarmHash buckets as in TF). Default 1.
+    """
+
+    name: Literal["stackoverflow_nwp"] = "stackoverflow_nwp"
+    seq_len: int = Field(default=20, ge=1, le=1024)
+    num_oov_buckets: int = Field(default=1, ge=1, le=100_000)
+
+
+class StackOverflowTagOptions(_StackOverflowOptions):
+    """``data.name = "stackoverflow_tag"``: tag prediction.
+
+    Parameters
+    ----------
+    tag_vocab_size : tags kept (``T``). Default 500.
+    """
+
+    name: Literal["stackoverflow_tag"] = "stackoverflow_tag"
+    tag_vocab_size: int = Field(default=500, ge=1, le=100_000)
+
+
+def load_stackoverflow(spec: StackOverflowNWPOptions | StackOverflowTagOptions) -> StackOverflowFederated:
+    """The train clients of ``spec.root`` as users (a seeded subset with ``max_users``)."""
+    assert spec.root is not None
+    n_all = len(StackOverflowDB(sqlite_path(spec.root, spec.cache_dir)).clients("train"))
+    keep = (
+        None if spec.max_users is None or spec.max_users >= n_all else subset(n_all, spec.max_users, spec.subset_seed)
+    )
+    if isinstance(spec, StackOverflowNWPOptions):
+        settings = SOSettings(
+            "nwp", spec.vocab_size, 500, spec.seq_len, spec.num_oov_buckets, spec.max_elements_per_user
+        )
+    else:
+        settings = SOSettings("tag", spec.vocab_size, spec.tag_vocab_size, 20, 1, spec.max_elements_per_user)
+    data = StackOverflowFederated(spec.root, settings, spec.cache_dir, keep)
+    check_population(data, f"{spec.root}'s train clients")
+    return data
+
+
+register_dataset(
+    DatasetKind(
+        "stackoverflow_nwp",
+        StackOverflowNWPOptions,
+        "nwp",
+        load_stackoverflow,
+        "Stack Overflow (the TFF files, local): next-word prediction",
+    )
+)
+register_dataset(
+    DatasetKind(
+        "stackoverflow_tag",
+        StackOverflowTagOptions,
+        "tag",
+        load_stackoverflow,
+        "Stack Overflow (the TFF files, local): tag prediction",
+    )
+)

@@ -4,7 +4,7 @@ TensorFlow's ``tf.strings.to_hash_bucket_fast`` is ``Fingerprint64(s) mod k``; T
 ``StaticVocabularyTable`` uses it to put an out-of-vocabulary word into one of ``k`` OOV
 buckets (docs/stackoverflow_format.md A5). Reproducing it is what lets ``data.num_oov_buckets > 1``
 give TFF's ids without TensorFlow. Checked against published FarmHash test vectors
-(``tests/test_so_farmhash.py``), for lengths 0 to 445 bytes, covering every branch.
+(``tests/data/test_so_farmhash.py``), for lengths 0 to 445 bytes, covering every branch.
 """
 
 from __future__ import annotations

@@ -1,0 +1,134 @@
+"""Noise mechanisms: one module per family, one registry, one way from config to noise.
+
+Every family module defines its options (the ``[privacy]`` keys that belong to it), its
+strategy object (the parameters of ``C``: :meth:`~base.Strategy.materialize`,
+:meth:`~base.Strategy.sensitivity`, :meth:`~base.Strategy.stream`) and registers its
+:class:`~base.Mechanism`; this package imports the families in the order the docs list them.
+
+For a run, :func:`plan_mf` computes the workload ``A``, the strategy (cached on disk by the
+iterative families), its sensitivity under the scheme the sampler enforces, and
+:func:`make_noise` wraps the strategy's stream in the one noise class
+(:class:`~fedsim.privacy.noise.NoiseMechanism`). Incompatible combinations are refused with a
+message.
+
+Adding a mechanism: write ``fedsim/privacy/mechanisms/<name>.py`` with its options, strategy and
+``@register``-ed mechanism, and import it below (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedsim.errors import FedsimError
+
+# The families, in the order of the docs and the CLI (importing a family registers it).
+# isort: off
+from fedsim.privacy.mechanisms import independent, identity, tree, sqrt, dense, dpmf_plus  # noqa: F401
+from fedsim.privacy.mechanisms import banded, blt  # noqa: F401
+
+# isort: on
+from fedsim.privacy.mechanisms.base import (
+    Mechanism,
+    MechanismOptions,
+    MFOptions,
+    MFPlan,
+    Objective,
+    Strategy,
+    amplified_sensitivity,
+)
+from fedsim.privacy.mechanisms.registry import (
+    MECHANISMS,
+    get_mechanism,
+    is_correlated,
+    mechanism_names,
+    options_of,
+    register,
+)
+from fedsim.privacy.noise import NoiseMechanism
+from fedsim.privacy.participation import GroupScheme, ParticipationScheme
+from fedsim.privacy.rng import PrivacyKey
+
+__all__ = [
+    "MECHANISMS",
+    "MFOptions",
+    "MFPlan",
+    "Mechanism",
+    "MechanismOptions",
+    "Objective",
+    "Strategy",
+    "factorization_quality",
+    "get_mechanism",
+    "is_correlated",
+    "make_noise",
+    "mechanism_names",
+    "options_of",
+    "plan_mf",
+    "register",
+    "workload_matrix",
+]
+
+
+def workload_matrix(name: str, rounds: int, momentum: float = 0.9) -> np.ndarray:
+    """The ``n × n`` workload ``A``: ``prefix`` (SGD) or ``momentum`` (SGD with momentum β)."""
+    from fedsim.privacy.workloads import make_workload
+
+    return make_workload(name, rounds, beta=momentum)
+
+
+def plan_mf(
+    mechanism: str | MechanismOptions,
+    scheme: ParticipationScheme,
+    rounds: int,
+    *,
+    momentum: float = 0.9,
+    **options: Any,
+) -> MFPlan:
+    """Factorize the run's workload and compute ``sens(C)`` under ``scheme``.
+
+    Parameters
+    ----------
+    mechanism : the mechanism's options (:class:`MechanismOptions`), or its name with the
+        options as keyword arguments (None values take the defaults).
+    scheme : the participation scheme the sampler enforces.
+    rounds : ``n``.
+    momentum : β of the ``momentum`` workload (the server's momentum). Default 0.9.
+    **options : the mechanism's options when ``mechanism`` is a name (e.g. ``bands=4``).
+    """
+    opts = options_of(mechanism, **options) if isinstance(mechanism, str) else mechanism
+    mech = get_mechanism(opts.mechanism)
+    if not mech.correlated:
+        raise FedsimError(f"{opts.mechanism!r} is not one of {', '.join(mechanism_names(correlated=True))}")
+    assert isinstance(opts, MFOptions)
+    from fedsim.resources import check_factorization_fits
+
+    check_factorization_fits(opts.mechanism, rounds, getattr(opts, "factorize_device", None))  # before any n×n
+    mech.check(opts, scheme, rounds)
+    A = workload_matrix(opts.workload, rounds, momentum)
+    strategy = mech.strategy(opts, A, scheme)
+    info = dict(strategy.info)
+    if isinstance(scheme, GroupScheme) and scheme.poisson_within_group:
+        sens, exact = amplified_sensitivity(strategy, scheme)
+        info["sensitivity_note"] = "amplified: per-participation column norm; rounds composed ⌈n/b⌉ times"
+    else:
+        sens, exact = strategy.sensitivity(scheme)
+    return MFPlan(opts.mechanism, strategy, sens, exact, info)
+
+
+def make_noise(
+    mechanism: str, dim: int, seed: PrivacyKey | int, device: str | torch.device, plan: MFPlan | None = None
+) -> NoiseMechanism:
+    """The streaming noise of ``mechanism`` (``plan`` for MF mechanisms) under the run's key."""
+    return NoiseMechanism(dim, seed, device, get_mechanism(mechanism).stream(plan))
+
+
+def factorization_quality(plan: MFPlan, A: np.ndarray) -> dict[str, float]:
+    """``loss``, ``max_error``, ``final_error`` of docs/algorithms.md §3, in units of ``(c·z)²``:
+    ``sens²·‖B‖_F²``, ``sens²·max_t‖B[t,:]‖²``, ``sens²·‖B[n−1,:]‖²`` with ``B = A·M``
+    (``M = A⁻¹B``, the noising matrix)."""
+    B = A @ plan.noising
+    rows = (B * B).sum(axis=1)
+    s2 = plan.sens**2
+    return {"loss": float(s2 * rows.sum()), "max_error": float(s2 * rows.max()), "final_error": float(s2 * rows[-1])}

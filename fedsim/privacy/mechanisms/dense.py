@@ -1,0 +1,242 @@
+"""``dense``: the optimal factorization for ``‖B‖_F`` under single participation (Denisov et
+al. 2022, "Improved differential privacy for SGD via optimal private linear operators on
+adaptive streams"), by the fixed-point iteration of docs/algorithms.md §3.
+
+Decisions where the specification is silent: the iteration starts at ``v = 1``, stops when
+the largest relative change of ``v`` is below ``tol``, and then rescales ``X`` to an exact unit
+diagonal (so every column of ``C`` has norm 1 and ``sens = 1`` under single participation). The
+gap it reports is the Lagrangian duality gap of ``min tr(W X⁻¹) s.t. diag X ≤ 1``: dual value
+``2·tr((V^{1/2} W V^{1/2})^{1/2}) − Σ v`` (a lower bound for every ``v > 0``) against the primal
+``‖A·C⁻¹‖_F²`` of the returned ``C``. Results are cached on disk
+(:func:`fedsim.privacy.factorizations.cached`), keyed by every input.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from fedsim.errors import FedsimError
+from fedsim.privacy.factorizations import Factorization, cached, check_workload, right_divide_lower
+from fedsim.privacy.mechanisms.base import DenseStrategy, Mechanism, MechanismOptions, MFOptions, Strategy
+from fedsim.privacy.mechanisms.registry import register
+from fedsim.privacy.participation import ParticipationScheme
+
+
+def _sqrt_psd(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigen-decomposition of symmetric PSD ``M``: returns ``(√eigenvalues, eigenvectors)``."""
+    e, U = np.linalg.eigh(M)
+    return np.sqrt(np.clip(e, 0.0, None)), U
+
+
+def _lower_factor(X: np.ndarray) -> np.ndarray:
+    """Lower-triangular ``C`` with ``CᵀC = X``: ``C = J·Lᵀ·J`` with ``L = chol(J·X·J)``."""
+    JXJ = X[::-1, ::-1]
+    JXJ = 0.5 * (JXJ + JXJ.T)
+    try:
+        L = np.linalg.cholesky(JXJ)
+    except np.linalg.LinAlgError as exc:  # pragma: no cover - only for singular workloads
+        raise FedsimError(
+            "the optimal strategy is numerically singular (the workload is too "
+            "ill-conditioned); use fewer rounds or a better-conditioned schedule"
+        ) from exc
+    return np.tril(L.T[::-1, ::-1])
+
+
+def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int) -> tuple[Any, Any, Any, int, float, bool]:
+    """The fixed point of :func:`dense` in numpy; returns ``(v, √e, X, iterations, change, converged)``."""
+    n = W.shape[0]
+    v = np.ones(n)
+    change = np.inf
+    iterations = 0
+    converged = False
+    for iterations in range(1, max_iter + 1):  # noqa: B007 - read after the loop
+        s = np.sqrt(v)
+        root_e, U = _sqrt_psd(s[:, None] * W * s[None, :])
+        v_new = (U * U) @ root_e  # diag(U diag(√e) Uᵀ)
+        change = float(np.max(np.abs(v_new - v) / np.abs(v)))
+        v = v_new
+        if change < tol:
+            converged = True
+            break
+    _check_multipliers(v)
+    s = np.sqrt(v)
+    root_e, U = _sqrt_psd(s[:, None] * W * s[None, :])
+    X = (U * root_e) @ U.T / np.outer(s, s)
+    return v, root_e, X, iterations, change, converged
+
+
+def _dense_iterate_torch(
+    W: np.ndarray, tol: float, max_iter: int, device: str
+) -> tuple[Any, Any, Any, int, float, bool]:
+    """The same fixed point in torch float64 on ``device`` (the GPU path); same returns."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise FedsimError(f"factorization device {device!r} is not a torch device; use 'cpu' or 'cuda'") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise FedsimError(
+            f"factorization device {device!r} asked for, but torch sees no CUDA GPU; "
+            "leave the device unset (numpy on the CPU) or run on a GPU machine"
+        )
+    Wt = torch.as_tensor(W, dtype=torch.float64, device=dev)
+
+    def sqrt_psd(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        e, U = torch.linalg.eigh(s[:, None] * Wt * s[None, :])
+        return e.clamp_min(0.0).sqrt(), U
+
+    v = torch.ones(W.shape[0], dtype=torch.float64, device=dev)
+    change = float("inf")
+    iterations = 0
+    converged = False
+    for iterations in range(1, max_iter + 1):  # noqa: B007 - read after the loop
+        root_e, U = sqrt_psd(v.sqrt())
+        v_new = (U * U) @ root_e
+        change = float(((v_new - v).abs() / v.abs()).max())
+        v = v_new
+        if change < tol:
+            converged = True
+            break
+    _check_multipliers(v.cpu().numpy())
+    s = v.sqrt()
+    root_e, U = sqrt_psd(s)
+    X = (U * root_e) @ U.T / torch.outer(s, s)
+    return (v.cpu().numpy(), root_e.cpu().numpy(), X.cpu().numpy(), iterations, change, converged)
+
+
+def _check_multipliers(v: np.ndarray) -> None:
+    if not np.all(v > 0):
+        raise FedsimError(
+            "the dense factorization broke down (non-positive multipliers); the workload "
+            "is too ill-conditioned: use fewer rounds or a better-conditioned schedule"
+        )
+
+
+def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str | None = None) -> Factorization:
+    """Optimal factorization for ``‖B‖_F`` under single participation (Denisov et al. 2022).
+
+    Minimises ``tr(W X⁻¹)`` over ``X = CᵀC`` with ``diag X = 1``, ``W = AᵀA``, by the
+    fixed-point iteration ``v ← diag((V^{1/2} W V^{1/2})^{1/2})``, ``V = diag(v)``, from
+    ``v = 1``. Then ``X = V^{−1/2}(V^{1/2} W V^{1/2})^{1/2}V^{−1/2}`` (rescaled to an exact
+    unit diagonal), ``C = J·Lᵀ·J`` with ``L = chol(J·X·J)``, and ``B = A·C⁻¹``.
+    ``O(n³)`` per iteration; :func:`factorize_dense` caches the result on disk.
+
+    Parameters
+    ----------
+    A : np.ndarray
+        The ``n×n`` lower-triangular workload.
+    tol : float, optional
+        Stop when ``max_i |v_new,i − v_i| / |v_i| < tol``. Default ``1e-10``.
+    max_iter : int, optional
+        Iteration cap (default 10 000); reaching it warns and sets ``converged=False``.
+    device : str or None, optional
+        ``None`` (default): the iteration runs in numpy on the CPU. A torch device string
+        (``"cuda"``, ``"cuda:1"``, ``"cpu"``): the iteration and the final eigen-decomposition
+        run in torch float64 on that device (the GPU path for large ``n``: each iteration
+        is one ``n×n`` symmetric eigen-decomposition, ``O(n³)``); the Cholesky factor and
+        ``B`` are then formed in numpy. Both paths stop at the same ``tol``.
+
+    Returns
+    -------
+    Factorization
+        ``C`` lower-triangular with unit-norm columns (``sens = 1``). ``info`` holds
+        ``iterations``, ``seconds``, ``converged``, ``tolerance``, ``max_iter``,
+        ``max_rel_change`` (last step), ``primal`` (``‖B‖_F²``), ``dual`` (Lagrangian
+        lower bound) and ``rel_gap`` (``(primal − dual)/primal``).
+    """
+    A = check_workload(A)
+    tol = float(tol)
+    if not np.isfinite(tol) or tol <= 0:
+        raise FedsimError(f"tol must be a positive number (e.g. 1e-10), got {tol}")
+    if isinstance(max_iter, bool) or int(max_iter) != max_iter or max_iter < 1:
+        raise FedsimError(f"max_iter must be a positive integer, got {max_iter!r}")
+    start = time.perf_counter()
+    W = A.T @ A
+    W = 0.5 * (W + W.T)
+    if device is None:
+        v, root_e, X, iterations, change, converged = _dense_iterate_numpy(W, tol, int(max_iter))
+    else:
+        v, root_e, X, iterations, change, converged = _dense_iterate_torch(W, tol, int(max_iter), device)
+    d = np.sqrt(np.diag(X))
+    X = X / np.outer(d, d)
+    C = _lower_factor(X)
+    B = right_divide_lower(A, C)
+    primal = float(np.sum(B * B))
+    dual = float(2.0 * np.sum(root_e) - np.sum(v))
+    seconds = time.perf_counter() - start
+    if not converged:
+        warnings.warn(
+            f"dense factorization did not reach tol={tol:g} in {max_iter} iterations "
+            f"(last relative change {change:.3g}); raise max_iter or tol",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    info = {
+        "iterations": int(iterations),
+        "seconds": float(seconds),
+        "converged": bool(converged),
+        "tolerance": tol,
+        "max_iter": int(max_iter),
+        "max_rel_change": change,
+        "device": "numpy" if device is None else str(device),
+        "primal": primal,
+        "dual": dual,
+        "rel_gap": (primal - dual) / primal,
+    }
+    return Factorization("dense", A, C, B, info)
+
+
+def factorize_dense(
+    A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str | None = None, cache: bool = True
+) -> Factorization:
+    """:func:`dense`, memoised on disk (key: ``A``, ``n``, ``tol``, ``max_iter``; not the device —
+    both paths solve the same problem to the same ``tol``).
+
+    Parameters
+    ----------
+    A, tol, max_iter, device : as for :func:`dense`.
+    cache : read and write the on-disk cache (default True).
+    """
+    A = check_workload(A)
+
+    def compute() -> Factorization:
+        return dense(A, tol=tol, max_iter=max_iter, device=device)
+
+    if not cache:
+        return compute()
+    return cached("dense", compute, A=A, n=A.shape[0], tol=float(tol), max_iter=max_iter)
+
+
+class DenseOptions(MFOptions):
+    """``privacy.mechanism = "dense"``.
+
+    Parameters
+    ----------
+    factorize_device : torch device that runs the optimiser (``"cuda"``: the GPU path for long
+        runs, e.g. ``n = 2048``); default unset = numpy on the CPU. The result is cached on disk
+        either way.
+    """
+
+    mechanism: Literal["dense"] = "dense"
+    factorize_device: str | None = Field(
+        default=None,
+        description="torch device of the optimiser (cuda = the GPU path); default numpy on the CPU",
+        json_schema_extra={"cli_aliases": ["--device"]},
+    )
+
+
+@register
+class Dense(Mechanism):
+    name = "dense"
+    options = DenseOptions
+    summary = "optimal C for ‖B‖_F under single participation (fixed-point iteration, O(n³), cached)"
+
+    def strategy(self, opts: MechanismOptions, A: np.ndarray, scheme: ParticipationScheme) -> Strategy:
+        assert isinstance(opts, DenseOptions)
+        return DenseStrategy.of(factorize_dense(A, device=opts.factorize_device))

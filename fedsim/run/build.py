@@ -1,0 +1,618 @@
+"""Build a run from a config, without running anything: the runner's first half.
+
+:func:`prepare` loads the data and resolves privacy (population, scheme, accounting spec,
+factorization, the initial model); :func:`build_run` then builds every stateful piece of the
+round — the noise, the server (filter, optimizer, clipping, ledger), the cohort sampler, the
+clients' task and the evaluation users — into a :class:`Run`. Nothing here imports Flower or
+Ray, writes a file or starts a process, so a run can be built and inspected in a test; the
+runner (:mod:`fedsim.run.runner`) executes it on an engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch.nn.utils import parameters_to_vector
+
+from fedsim.config import Config
+from fedsim.data import load_federated
+from fedsim.data.base import Population
+from fedsim.errors import FedsimError
+from fedsim.models import make_model, num_parameters
+from fedsim.privacy.accounting import (
+    AccountingSpec,
+    calibrate_noise_multiplier,
+    default_delta,
+    epsilon,
+)
+from fedsim.privacy.ledger import Ledger
+from fedsim.privacy.mechanisms import MFPlan, make_noise, plan_mf
+from fedsim.privacy.participation import GroupScheme, ParticipationScheme, make_scheme
+from fedsim.privacy.rng import PrivacyKey
+from fedsim.protocol import Task
+from fedsim.sampling import CohortSampler, make_sampler
+from fedsim.seeding import derive_seed
+from fedsim.server import DPServer
+from fedsim.training import LocalTraining
+
+#: Stable ids of simulated users (the audit's canaries), which join the sampled population.
+SYNTHETIC_ID_PREFIX = "__fedsim_synthetic_user_"
+
+
+def scheme_of(cfg: Config, population: int) -> ParticipationScheme:
+    """The participation scheme ``cfg`` asks for, checked against the run length."""
+    s = cfg.sampling
+    return make_scheme(
+        s.scheme,
+        population,
+        s.cohort_size,
+        min_sep=s.min_sep,
+        max_participations=s.max_participations,
+        poisson_within_group=s.poisson_within_group,
+        rounds=cfg.rounds,
+        assignment=s.assignment,
+    )
+
+
+def note_max_users(cfg: Config, population: int) -> None:
+    """Say (on stderr) when ``data.max_users`` exceeds the dataset's users, instead of clamping silently."""
+    if cfg.data.max_users is not None and cfg.data.max_users > population:
+        import sys
+
+        print(
+            f"fedsim: note: data.max_users = {cfg.data.max_users} exceeds the {population} users of "
+            f"{cfg.data.name}; using all {population}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def resolve_privacy(cfg: Config, population: int) -> AccountingSpec:
+    """The accounting spec of ``cfg`` for a population of ``population`` users:
+    δ defaulted to ``1/N^1.1`` and ``z`` calibrated when a target ε is given."""
+    cfg.validate_population(population)
+    scheme = scheme_of(cfg, population)
+    p = cfg.privacy
+    delta = p.delta if p.delta is not None else default_delta(population)
+    if delta >= 1.0 / population and not p.delta_reason:
+        raise FedsimError(
+            f"privacy.delta = {delta:g} is not below 1/N = {1.0 / population:.3g}: a δ that large allows "
+            f"releasing one user's data outright. Lower it (the default is 1/N^1.1 = "
+            f'{default_delta(population):.3g}), or say why in privacy.delta_reason = "…"'
+        )
+    amplified = isinstance(scheme, GroupScheme) and scheme.poisson_within_group
+    spec = AccountingSpec(
+        mechanism=p.mechanism,
+        scheme=cfg.sampling.scheme,
+        population=population,
+        cohort_size=scheme.expected_cohort,
+        noise_multiplier=p.noise_multiplier or 0.0,
+        delta=delta,
+        accountant=p.accountant,
+        min_sep=scheme.min_separation or 1,
+        amplified=amplified,
+        no_guarantee=cfg.client.error_feedback == "server",
+        assignment=scheme.assignment,
+    )
+    if p.mechanism != "none" and p.target_epsilon is not None:
+        z = calibrate_noise_multiplier(spec, cfg.rounds, p.target_epsilon)
+        spec = replace(spec, noise_multiplier=z)
+    return spec
+
+
+def count_releases_per_user(spec: AccountingSpec, scheme: ParticipationScheme, rounds: int) -> int:
+    """``k`` of the adaptive-clipping budget split (:mod:`fedsim.privacy.adaptive_clip`): 1 when
+    the accountant composes per round or per participation, else the user's maximum number of
+    participations (MF noise accounted as one Gaussian over the run)."""
+    if not spec.is_mf or spec.amplified:
+        return 1
+    k = scheme.max_participations or 1
+    b = scheme.min_separation or rounds
+    return int(min(k, -(-rounds // b)))
+
+
+def resolve_clipping(
+    cfg: Config, spec: AccountingSpec, scheme: ParticipationScheme
+) -> tuple[float, dict[str, Any] | None]:
+    """The update's noise multiplier and, with adaptive clipping, the budget split.
+
+    Without adaptive clipping the update uses the whole ``z``. With it, the count takes
+    ``σ_b`` and the update gets ``z_Δ = (z^{−2} − k·(2σ_b)^{−2})^{−1/2}``; raises
+    :class:`FedsimError` when ``σ_b`` leaves nothing for the update.
+    """
+    z = spec.noise_multiplier if spec.mechanism != "none" else 0.0
+    c = cfg.clipping
+    if not c.adaptive:
+        return z, None
+    from fedsim.privacy.adaptive_clip import update_noise_multiplier
+
+    sigma_b = c.count_stddev if c.count_stddev is not None else scheme.expected_cohort / 20.0
+    k = count_releases_per_user(spec, scheme, cfg.rounds)
+    z_update = update_noise_multiplier(z, sigma_b, k)
+    return z_update, {
+        "query": "adaptive clipping (Andrew et al. 2021): centred count of unclipped users",
+        "noise_multiplier": z,
+        "update_noise_multiplier": z_update,
+        "count_stddev": sigma_b,
+        "count_sensitivity": 0.5,
+        "count_releases_per_user": k,
+        "target_quantile": c.target_quantile,
+        "clip_lr": c.lr,
+        "initial_clip_norm": cfg.client.clip_norm,
+    }
+
+
+def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
+    """What ``fedsim privacy --json`` prints: ε after ``cfg.rounds`` rounds without training."""
+    spec = resolve_privacy(cfg, population)
+    eps = epsilon(spec, cfg.rounds)
+    _, split = resolve_clipping(cfg, spec, scheme_of(cfg, population))
+    notes = []
+    if cfg.client.error_feedback == "server":
+        from fedsim.error_feedback import SERVER_EF_LABEL
+
+        notes.append(SERVER_EF_LABEL)
+    return {
+        "budget_split": split,
+        "notes": notes,
+        "epsilon": eps if math.isfinite(eps) else "inf",
+        "delta": spec.delta,
+        "noise_multiplier": spec.noise_multiplier,
+        "rounds": cfg.rounds,
+        "sampling_rate": spec.sampling_rate,
+        "population": population,
+        "mechanism": spec.mechanism,
+        "accountant": spec.effective_accountant,
+        "scheme": spec.scheme,
+        "cohort_size": spec.cohort_size,
+        "neighboring_relation": spec.neighboring_relation,
+        "assignment": spec.assignment,
+        "sensitivity_in_c": spec.sensitivity_in_c,
+    }
+
+
+def model_sha256(params: torch.Tensor) -> str:
+    """SHA-256 of the flat float32 parameters (little-endian bytes)."""
+    return hashlib.sha256(params.detach().cpu().to(torch.float32).contiguous().numpy().tobytes()).hexdigest()
+
+
+def _device(cfg: Config) -> torch.device:
+    if cfg.sim.device == "cuda" and not torch.cuda.is_available():
+        raise FedsimError("sim.device = 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    if cfg.sim.device == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def num_workers(cfg: Config) -> int:
+    """Workers (SuperNodes / Ray actors): ``sim.num_workers`` or CPUs / ``sim.client_cpus``."""
+    if cfg.sim.num_workers is not None:
+        return cfg.sim.num_workers
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, int(cpus // cfg.sim.client_cpus))
+
+
+def resolve_vectorize(cfg: Config, model_ok: bool, disk_client: bool) -> bool:
+    """Whether workers train their users together (``sim.vectorize``; :mod:`fedsim.vectorized`)."""
+    other = disk_client or cfg.client.error_feedback != "none" or cfg.privacy.unit == "example"
+    if cfg.sim.vectorize == "off":
+        return False
+    if cfg.sim.vectorize == "on" and (not model_ok or other):
+        raise FedsimError(
+            f"sim.vectorize = 'on': model.name = '{cfg.model.name}' "
+            f"{'has recurrent layers or more than 2M parameters' if not model_ok else 'is fine, but'}"
+            f"{'' if not other else ' DiSK client evaluation, error feedback or example-level DP is on'};"
+            f" use sim.vectorize = 'auto' or 'off'"
+        )
+    return model_ok and not other
+
+
+def resolve_engine(cfg: Config, n_workers: int) -> str:
+    """``sim.engine``, with ``auto`` → ``inprocess`` for one worker, ``ray`` otherwise."""
+    if cfg.sim.engine != "auto":
+        return cfg.sim.engine
+    return "inprocess" if n_workers == 1 else "ray"
+
+
+@dataclass
+class Prepared:
+    """Everything built before the simulation starts (nothing has run yet)."""
+
+    cfg: Config
+    data: Population
+    spec: AccountingSpec
+    scheme: ParticipationScheme
+    plan: MFPlan | None
+    x0: torch.Tensor
+    num_params: int
+    update_noise_multiplier: float
+    budget_split: dict[str, Any] | None
+    vectorizable: bool = False
+
+
+def prepare(cfg: Config, extra_users: int = 0, data: Population | None = None) -> Prepared:
+    """Load data, validate against the population and resolve privacy; raises
+    :class:`FedsimError` before anything starts.
+
+    ``extra_users`` simulated users (the audit's canaries) join the population that is
+    sampled and accounted: ``N + extra_users``. ``data``: the population to use instead of
+    loading ``cfg.data`` (deployment: the census of the nodes' users).
+    """
+    if data is None:
+        data = load_federated(cfg.data)
+        note_max_users(cfg, data.population)
+    spec = resolve_privacy(cfg, data.population + extra_users)
+    scheme = scheme_of(cfg, data.population + extra_users)
+    z_update, split = resolve_clipping(cfg, spec, scheme)
+    plan = None
+    if spec.is_mf:
+        beta = float(getattr(cfg.server, "momentum", 0.9))  # the momentum workload needs server.momentum
+        plan = plan_mf(cfg.privacy.mechanism_options(), scheme, cfg.rounds, momentum=beta)
+    model = make_model(
+        cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"), dp_layers=cfg.privacy.unit == "example"
+    )
+    x0 = parameters_to_vector(model.parameters()).detach().to(torch.float32)
+    if cfg.client.error_feedback == "client":
+        from fedsim.error_feedback import check_memory
+
+        check_memory(data.population, x0.numel(), cfg.client.error_feedback_memory_mb)
+    from fedsim.vectorized import vectorizable
+
+    return Prepared(cfg, data, spec, scheme, plan, x0, num_parameters(model), z_update, split, vectorizable(model))
+
+
+def make_server_filter(cfg: Config) -> Any:
+    """The server-side filter of ``cfg.filter`` (None for ``none``)."""
+    if cfg.filter.name == "none":
+        return None
+    from fedsim.filters import FILTERS
+
+    return FILTERS.get_part(cfg.filter.name).build(cfg.filter.filter_options())
+
+
+def make_server_optimizer(
+    cfg: Config, noise_std: float | Any, plan: MFPlan | None, filt: Any, expected_cohort: float | None = None
+) -> Any:
+    """The server optimizer; for ``adambc`` with ``Φ_t`` computed exactly from the noise
+    mechanism (its noising matrix) pushed through the filter's impulse response.
+    ``noise_std`` is ``c·z·sens`` or, with adaptive clipping, a function of the round;
+    ``expected_cohort`` is ``K̄`` (default ``sampling.cohort_size``)."""
+    from fedsim.optim import OPTIMIZERS
+
+    if expected_cohort is None:
+        expected_cohort = float(cfg.sampling.cohort_size or 0) or 1.0
+    s = cfg.server
+    phi = None
+    if s.optimizer == "adambc":
+        from fedsim.server import noise_variance_fn
+
+        impulse = None if filt is None else filt.impulse_response(cfg.rounds)
+        phi = noise_variance_fn(noise_std, expected_cohort, None if plan is None else plan.noising, impulse)
+    return OPTIMIZERS.get_part(s.optimizer).build(s.optimizer_options(), s.lr, phi)
+
+
+class SyntheticUsers(Protocol):
+    """Simulated users that join the sampled and accounted population (the gradient audit's
+    canaries, :class:`fedsim.audit.Canaries`): ``count`` of them, with ids ``first_id..``."""
+
+    count: int
+    first_id: int | None
+
+    def bind(self, first_id: int, dim: int) -> None:
+        """Learn the first id and the model size (called by :func:`build_run`)."""
+
+    def update_sum(self, user_ids: list[int], t: int, clip_norm: float, dim: int) -> torch.Tensor:
+        """The sum of the clipped updates of ``user_ids`` in round ``t``."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What a run needs to execute on a Deployment Engine (:mod:`fedsim.deploy.runconfig`).
+
+    Parameters
+    ----------
+    grid : the Flower grid the deployed ServerApp was given.
+    data : the census population (names and counts of the nodes' users; no samples).
+    owners : user index → (node id, the user's index on that node).
+    min_nodes : SuperNodes to wait for.
+    privacy_key : the root of every privacy stream, from the OS CSPRNG; never logged or sent.
+    """
+
+    grid: Any
+    data: Population
+    owners: dict[int, tuple[int, int]]
+    min_nodes: int
+    privacy_key: PrivacyKey
+
+
+@dataclass
+class Run:
+    """Everything a run needs, built and not yet started (:func:`build_run`).
+
+    cfg / resolved : the config as given, and with δ resolved (what ``config.toml`` holds).
+    prep : data, accounting spec, participation scheme, factorization and initial model.
+    device : where the server's tensors live. n_workers : Ray workers, in-process workers or
+        SuperNodes to wait for. engine : ``ray`` or ``inprocess`` (a deployment has its own grid).
+    noise / server / ledger / sampler : the DP pieces (the server owns noise, filter, optimizer,
+        clip controller and ledger).
+    task : what every worker is told (data, model, local training, DiSK, error feedback).
+    client_store : users' error-feedback states (``client.error_feedback = "client"``), else None.
+    ef : ``client.error_feedback``. update_clip : the bound of replies when it differs from the
+        noise's norm (server error feedback: ``c₁``), else None.
+    client_evaluations : local-training passes per user (2 for DiSK's two-point estimate).
+    eval_users / eval_costs / train_costs : who is evaluated, and each user's expected cost.
+    baseline : the majority-class accuracy of the evaluation users (None when not published).
+    notes : lines printed and recorded with the ledger. publish : side statistics are published.
+    synthetic : simulated users (the audit's canaries) or None. deployment : where a deployed
+        run executes (its grid, census and key), or None in simulation.
+    """
+
+    cfg: Config
+    resolved: Config
+    prep: Prepared
+    device: torch.device
+    n_workers: int
+    engine: str
+    noise: Any
+    server: DPServer
+    ledger: Ledger
+    sampler: CohortSampler
+    task: Task
+    client_store: Any
+    ef: str
+    update_clip: float | None
+    client_evaluations: int
+    eval_users: list[int]
+    eval_costs: np.ndarray
+    train_costs: np.ndarray
+    baseline: float | None
+    publish: bool
+    notes: list[str] = field(default_factory=list)
+    synthetic: SyntheticUsers | None = None
+    deployment: Deployment | None = None
+
+    def trackers(self) -> list[Any]:
+        """The experiment trackers ``tracking.*`` asks for (:mod:`fedsim.tracking`), not started."""
+        from fedsim.tracking import make_trackers
+
+        t = self.cfg.tracking
+        return list(make_trackers(tensorboard=t.tensorboard, mlflow_uri=t.mlflow_uri))
+
+    @property
+    def owners(self) -> dict[int, tuple[int, int]] | None:
+        """Deployment: user → (node, local index); None in simulation."""
+        return None if self.deployment is None else self.deployment.owners
+
+    @property
+    def spec(self) -> AccountingSpec:
+        return self.prep.spec
+
+    @property
+    def data(self) -> Population:
+        return self.prep.data
+
+
+def server_clip_norm(cfg: Config) -> float:
+    """The norm the noise scales with: ``c₁``; ``c₁ + c₂`` bounds a client-EF message; the
+    server variant uses the DiceSGD theorem's ``√(c₁² + 2c₂²)``."""
+    ef, c1, c2 = cfg.client.error_feedback, cfg.client.clip_norm, cfg.client.c2
+    if ef == "client":
+        return c1 + c2
+    if ef == "server":
+        from fedsim.error_feedback import server_noise_norm
+
+        return server_noise_norm(c1, c2)
+    return c1
+
+
+def _build_server(
+    cfg: Config, prep: Prepared, noise: Any, key: PrivacyKey, ledger: Ledger, device: torch.device
+) -> DPServer:
+    """The DP server: noise, filter, optimizer (with ``Φ_t`` for DP-AdamBC), clipping control."""
+    z_eff = prep.update_noise_multiplier
+    filt = make_server_filter(cfg)
+    server_clip = server_clip_norm(cfg)
+    server_ef = None
+    if cfg.client.error_feedback == "server":
+        from fedsim.error_feedback import ServerErrorFeedback
+
+        server_ef = ServerErrorFeedback(prep.num_params, cfg.client.c2, device)
+    noise_std: Any = server_clip * z_eff * noise.sensitivity
+    clip_ctl = None
+    if prep.budget_split is not None:
+        from fedsim.privacy.adaptive_clip import AdaptiveClip
+
+        clip_ctl = AdaptiveClip(
+            cfg.client.clip_norm,
+            cfg.clipping.target_quantile,
+            cfg.clipping.lr,
+            prep.budget_split["count_stddev"],
+            prep.scheme.expected_cohort,
+            key.derive("clip-count"),
+        )
+
+        def noise_std(tau: int, _c: Any = clip_ctl, _s: float = z_eff * noise.sensitivity) -> float:
+            return float((_c.history + [_c.clip_norm])[tau] * _s)
+
+    optimizer = make_server_optimizer(
+        cfg, noise_std=noise_std, plan=prep.plan, filt=filt, expected_cohort=prep.scheme.expected_cohort
+    )
+    server = DPServer(
+        prep.x0.to(device),
+        noise,
+        optimizer,
+        ledger,
+        server_clip,
+        z_eff,
+        prep.scheme.expected_cohort,
+        filter=filt,
+        clip_controller=clip_ctl,
+        error_feedback=server_ef,
+    )
+    if cfg.filter.trace_coordinates:
+        server.enable_trace(cfg.filter.trace_coordinates, derive_seed(cfg.seed, "filter-trace"))
+    return server
+
+
+def _build_ledger(cfg: Config, prep: Prepared, notes: list[str]) -> tuple[Ledger, Any]:
+    """The privacy ledger (with the silos' example-level ledger for ``privacy.unit = "example"``)
+    and the example-level DP settings (None for user-level DP)."""
+    ledger = Ledger(
+        prep.spec,
+        cfg.rounds,
+        budget_split=prep.budget_split,
+        notes=notes,
+        account_every=cfg.privacy.account_every,
+        side_statistics=cfg.privacy.publish_side_statistics,
+    )
+    if cfg.privacy.unit != "example":
+        return ledger, None
+    from fedsim.example_dp import ExampleDP, SiloLedger, steps_and_rate
+
+    data = prep.data
+    z_example = cfg.privacy.example_noise_multiplier
+    assert z_example is not None  # the config requires it for unit = "example"
+    example_dp = ExampleDP(float(z_example), cfg.privacy.example_clip_norm)
+    n_train = [data.num_train(u) for u in range(data.population)]
+    ex_delta = cfg.privacy.example_delta or 1.0 / max(n_train) ** 1.1
+    ledger.silo = SiloLedger(
+        example_dp,
+        ex_delta,
+        {
+            u: steps_and_rate(min(n, cfg.client.max_examples), cfg.client.batch_size, cfg.client.local_epochs)
+            for u, n in enumerate(n_train)
+        },
+    )
+    return ledger, example_dp
+
+
+def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any) -> Task:
+    """What every worker is told: data, model, local training, DiSK, error feedback."""
+    ef = cfg.client.error_feedback
+    local = LocalTraining(
+        cfg.client.local_epochs, cfg.client.batch_size, cfg.client.lr, cfg.client.max_examples, cfg.client.clip_norm
+    )
+    disk = None
+    if server.track_step:
+        from fedsim.training import DiskClient
+
+        filt = server.filter
+        disk = DiskClient(filt.mode, filt.gamma, filt.a)
+    return Task(
+        cfg.data,
+        cfg.model.name,
+        derive_seed(cfg.seed, "model"),
+        cfg.seed,
+        local,
+        threads=max(1, int(cfg.sim.client_cpus)),
+        use_gpu=cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu",
+        disk=disk,
+        error_feedback=ef,
+        ef_clip=cfg.client.c2 if ef != "none" else 0.0,
+        example_dp=example_dp,
+        vectorize=resolve_vectorize(cfg, prep.vectorizable, disk is not None),
+    )
+
+
+def choose_eval_users(cfg: Config, population: int) -> list[int]:
+    """The users whose held-out data is evaluated: none when side statistics are not published
+    (evaluation on users' data is one), ``eval.max_users`` of them (a seeded choice), or all."""
+    if not cfg.privacy.publish_side_statistics:
+        return []
+    if cfg.eval.max_users is not None and cfg.eval.max_users < population:
+        rng = np.random.default_rng(derive_seed(cfg.seed, "eval-users"))
+        return sorted(rng.choice(population, size=cfg.eval.max_users, replace=False).tolist())
+    return list(range(population))
+
+
+def build_run(
+    cfg: Config,
+    *,
+    resumed_spec: AccountingSpec | None = None,
+    synthetic: SyntheticUsers | None = None,
+    deployment: Deployment | None = None,
+) -> Run:
+    """Build every piece of a run of ``cfg``; nothing runs and nothing is written.
+
+    Parameters
+    ----------
+    cfg : the validated experiment config.
+    resumed_spec : on resume, the accounting spec the run started with (from the checkpoint):
+        ε always comes from it, never from an edited config. Default None (a new run).
+    synthetic : simulated users that join the sampled and accounted population (the audit's
+        canaries): ``count`` of them, ids ``N..N+count−1``; ``bind(first_id, dim)`` is called here.
+    deployment : a :class:`Deployment` (census population, owners, SuperNodes to wait for, the
+        OS-drawn privacy key), or None for a simulation.
+    """
+    prep = prepare(
+        cfg,
+        extra_users=0 if synthetic is None else int(synthetic.count),
+        data=None if deployment is None else deployment.data,
+    )
+    if resumed_spec is not None:  # ε always comes from the spec the run started with
+        z_update, split = resolve_clipping(cfg, resumed_spec, prep.scheme)
+        prep = replace(prep, spec=resumed_spec, update_noise_multiplier=z_update, budget_split=split)
+    data, spec = prep.data, prep.spec
+    resolved = cfg.model_copy(deep=True)
+    resolved.privacy.delta = spec.delta
+    device = _device(cfg)
+    n_workers = num_workers(cfg) if deployment is None else deployment.min_nodes
+    # The key of everything privacy rests on (noise, cohort sampling, the clip count's noise):
+    # derived from the config's seed in simulation (reproducible studies, not secret), 256 bits
+    # from the OS CSPRNG in deployment (never logged, written to the config or sent).
+    key = PrivacyKey.from_seed(cfg.seed) if deployment is None else deployment.privacy_key
+    noise = make_noise(spec.mechanism, prep.num_params, key.derive("noise"), device, prep.plan)
+    ef = cfg.client.error_feedback
+    notes = []
+    if ef == "server":
+        from fedsim.error_feedback import SERVER_EF_LABEL
+
+        notes.append(SERVER_EF_LABEL)
+    ledger, example_dp = _build_ledger(cfg, prep, notes)
+    server = _build_server(cfg, prep, noise, key, ledger, device)
+    user_ids = list(data.names) + (
+        [] if synthetic is None else [f"{SYNTHETIC_ID_PREFIX}{k}" for k in range(int(synthetic.count))]
+    )
+    sampler = make_sampler(prep.scheme, key.derive("sampling"), user_ids)
+    task = _build_task(cfg, prep, server, example_dp)
+    client_store = None
+    if ef == "client":
+        from fedsim.error_feedback import ClientStateStore
+
+        client_store = ClientStateStore(prep.num_params, data.population, cfg.client.error_feedback_memory_mb)
+    pop = data.population
+    if synthetic is not None:
+        synthetic.bind(first_id=pop, dim=prep.num_params)
+    eval_users = choose_eval_users(cfg, pop)
+    majority = data.majority_baseline(eval_users, cfg.eval.max_examples_per_user) if eval_users else None
+    return Run(
+        cfg=cfg,
+        resolved=resolved,
+        prep=prep,
+        device=device,
+        n_workers=n_workers,
+        engine=resolve_engine(cfg, n_workers),
+        noise=noise,
+        server=server,
+        ledger=ledger,
+        sampler=sampler,
+        task=task,
+        client_store=client_store,
+        ef=ef,
+        update_clip=cfg.client.clip_norm if ef == "server" else None,
+        client_evaluations=1 if task.disk is None else task.disk.evaluations,
+        eval_users=eval_users,
+        eval_costs=np.array([min(data.num_test(u), cfg.eval.max_examples_per_user) for u in range(pop)]),
+        train_costs=np.minimum(data.examples_per_user(), cfg.client.max_examples) * cfg.client.local_epochs,
+        baseline=None if majority is None else majority[1],
+        publish=cfg.privacy.publish_side_statistics,
+        notes=notes,
+        synthetic=synthetic,
+        deployment=deployment,
+    )

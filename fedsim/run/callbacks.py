@@ -1,0 +1,312 @@
+"""Callbacks of a run: what happens around the rounds, one object per concern.
+
+The runner (:mod:`fedsim.run.runner`) calls every callback of a run, in order:
+
+- :meth:`RunCallback.on_start` once the run is built (``resumed``: continuing from a checkpoint,
+  whose state the :class:`Checkpointer` has already restored);
+- :meth:`RunCallback.on_round_end` after every round, with the round's metrics row (the full
+  row; what is written anywhere is :func:`fedsim.metrics.public_row` of it);
+- :meth:`RunCallback.on_stop` when the first Ctrl-C/SIGTERM arrives (:mod:`fedsim.interrupt`);
+- :meth:`RunCallback.on_end` with the summary (None after a stop) and a status
+  (``finished``, ``stopped`` or ``failed``), then :meth:`RunCallback.close` whatever happened.
+
+Built in: :class:`MetricsFile` (``metrics.jsonl``), :class:`Checkpointer` (``checkpoint/``),
+:class:`LedgerFile` (``ledger.json``), :class:`Progress` (the header's progress line),
+:class:`Plots` (``plots/``) and :class:`Tracking` (TensorBoard / MLflow, :mod:`fedsim.tracking`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from fedsim.checkpoint import save_checkpoint
+from fedsim.errors import FedsimError
+from fedsim.metrics import MetricsWriter, ProgressLine, public_row
+from fedsim.privacy.accounting import RELATION_LABELS
+from fedsim.run.build import Run
+from fedsim.run.resume import privacy_digest
+
+
+class RunCallback:
+    """Hooks around a run's rounds; every method is optional (the defaults do nothing)."""
+
+    def on_start(self, run: Run, out: Path, resumed: bool) -> None:
+        """The run is built and about to execute; ``out`` is its run folder."""
+
+    def on_round_end(self, row: dict[str, Any]) -> None:
+        """Round ``row["round"]`` finished; ``row`` is its full metrics row."""
+
+    def on_stop(self, signal_name: str) -> None:
+        """The first stop signal arrived: the round in flight is abandoned."""
+
+    def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
+        """The run ended: ``finished`` (with the summary), ``stopped`` or ``failed`` (None)."""
+
+    def close(self) -> None:
+        """Release files and handles (always called, after :meth:`on_end` when it ran)."""
+
+
+def _truncate_lines(path: Path, keep: int) -> list[dict[str, Any]]:
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()] if path.exists() else []
+    if len(lines) < keep:
+        raise FedsimError(f"{path} has {len(lines)} rows but the checkpoint is after round {keep}")
+    tmp = path.with_name(".metrics.jsonl.tmp")
+    tmp.write_text("".join(ln + "\n" for ln in lines[:keep]), encoding="utf-8")
+    os.replace(tmp, path)
+    return [json.loads(ln) for ln in lines[:keep]]
+
+
+def _eval_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """The evaluation metrics of a metrics row (without the counts)."""
+    return {
+        k: row[k]
+        for k in sorted(row)
+        if k.startswith("eval_") and k not in ("eval_examples", "eval_failed_users") and row[k] is not None
+    }
+
+
+class MetricsFile(RunCallback):
+    """``metrics.jsonl``: one public row per round (on resume, the rows after the checkpoint are
+    dropped first, to be recomputed). Keeps the last evaluation for the summary."""
+
+    def __init__(self) -> None:
+        self.writer: MetricsWriter | None = None
+        self.publish = True
+        self.last_eval: float | None = None
+        self.last_eval_metrics: dict[str, float] | None = None
+
+    def _note_eval(self, row: dict[str, Any]) -> None:
+        if row.get("eval_accuracy") is not None:
+            self.last_eval = row["eval_accuracy"]
+            self.last_eval_metrics = _eval_metrics(row)
+
+    def on_start(self, run: Run, out: Path, resumed: bool) -> None:
+        self.publish = run.publish
+        if resumed:
+            for row in _truncate_lines(out / "metrics.jsonl", run.server.round):
+                self._note_eval(row)
+        self.writer = MetricsWriter(out / "metrics.jsonl")
+
+    def on_round_end(self, row: dict[str, Any]) -> None:
+        assert self.writer is not None, "on_start comes first"
+        self.writer.write(public_row(row, self.publish))
+        self._note_eval(row)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class LedgerFile(RunCallback):
+    """``ledger.json``: the privacy ledger, rewritten atomically with every checkpoint and at the
+    end (:meth:`write`)."""
+
+    def __init__(self) -> None:
+        self.run: Run | None = None
+        self.out: Path | None = None
+
+    def on_start(self, run: Run, out: Path, resumed: bool) -> None:
+        self.run, self.out = run, out
+
+    def write(self) -> None:
+        assert self.run is not None and self.out is not None, "on_start comes first"
+        tmp = self.out / ".ledger.json.tmp"
+        tmp.write_text(json.dumps(self.run.ledger.to_json(), indent=1), encoding="utf-8")
+        os.replace(tmp, self.out / "ledger.json")
+
+    def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
+        if status == "finished":
+            self.write()
+
+
+class Checkpointer(RunCallback):
+    """``checkpoint/``: every stateful piece after round ``r`` when ``r`` is a multiple of
+    ``checkpoint.every`` or the last round, and after the last completed round on a stop; the
+    ledger file is rewritten with it. :meth:`restore` loads a checkpoint into a built run.
+
+    Parameters
+    ----------
+    ledger : the run's ledger file, written with every checkpoint.
+    """
+
+    def __init__(self, ledger: LedgerFile) -> None:
+        self.ledger = ledger
+        self.run: Run | None = None
+        self.out: Path | None = None
+        #: the round of the last checkpoint written by this process (None: none yet).
+        self.saved: int | None = None
+
+    @staticmethod
+    def restore(run: Run, ckpt: dict[str, Any], out: Path) -> None:
+        """Load the checkpoint's state into ``run`` (before :meth:`on_start`)."""
+        run.server.load_state_dict(ckpt["server"])
+        run.ledger.planned_rounds = run.cfg.rounds  # a Gaussian run may have been extended (fedsim.run.resume)
+        run.sampler.load_state_dict(ckpt["sampler"])
+        if run.client_store is not None:
+            run.client_store.load_state_dict(ckpt["client_state"])
+        done = int(ckpt["metrics_rows"])
+        if done != run.server.round:
+            raise FedsimError(f"checkpoint in {out} is inconsistent (rows {done}, round {run.server.round})")
+        if done >= run.cfg.rounds:
+            raise FedsimError(f"the run in {out} is already complete ({done} of {run.cfg.rounds} rounds)")
+
+    def on_start(self, run: Run, out: Path, resumed: bool) -> None:
+        self.run, self.out = run, out
+
+    def save(self, r: int) -> None:
+        """Checkpoint the state after round ``r`` and write the ledger."""
+        run, out = self.run, self.out
+        assert run is not None and out is not None, "on_start comes first"
+        save_checkpoint(
+            out / "checkpoint",
+            {
+                "format": "fedsim.checkpoint/2",
+                "spec": run.spec.to_dict(),
+                "privacy_digest": privacy_digest(run.resolved),
+                "server": run.server.state_dict(),
+                "sampler": run.sampler.state_dict(),
+                "client_state": None if run.client_store is None else run.client_store.state_dict(),
+                "metrics_rows": r,
+                "config": run.resolved.model_dump(mode="json"),
+            },
+        )
+        self.saved = r
+        self.ledger.write()
+
+    def on_round_end(self, row: dict[str, Any]) -> None:
+        assert self.run is not None
+        r = row["round"]
+        if r % self.run.cfg.checkpoint.every == 0 or r == self.run.cfg.rounds:
+            self.save(r)
+
+    def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
+        if status == "stopped" and self.run is not None and self.saved != self.run.server.round:
+            self.save(self.run.server.round)  # the state after the last completed round
+
+
+class Progress(RunCallback):
+    """The live progress line (rounds/s, ETA, ε with its neighbouring relation) and the notice of
+    a stop. Off when ``enabled`` is False (the line then prints nothing).
+
+    Parameters
+    ----------
+    enabled : show the line. Default True.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.line: ProgressLine | None = None
+        self.publish = True
+        self._flwr_level = logging.getLogger("flwr").level
+
+    def on_start(self, run: Run, out: Path, resumed: bool) -> None:
+        self.publish = run.publish
+        self.line = ProgressLine(
+            run.cfg.rounds, enabled=self.enabled, relation=RELATION_LABELS[run.spec.neighboring_relation]
+        )
+
+    def on_round_end(self, row: dict[str, Any]) -> None:
+        assert self.line is not None
+        self.line.update(public_row(row, self.publish))
+
+    def on_stop(self, signal_name: str) -> None:
+        # workers that got the same signal die mid-round: Flower's logs of that are expected now
+        logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
+        if self.line is not None:
+            self.line.notice(
+                f"fedsim: {signal_name}: abandoning the round in flight (no noise is drawn for it), writing the "
+                f"checkpoint and stopping the workers; {'press Ctrl-C' if signal_name == 'SIGINT' else 'signal'} "
+                f"again to quit at once"
+            )
+
+    def notice(self, text: str) -> None:
+        """Print ``text`` on its own line (clearing the progress line)."""
+        if self.line is not None:
+            self.line.notice(text)
+
+    def close(self) -> None:
+        logging.getLogger("flwr").setLevel(self._flwr_level)
+
+
+class Plots(RunCallback):
+    """``plots/``: accuracy and ε against rounds (and the filter's PSD), drawn at the end."""
+
+    def __init__(self) -> None:
+        self.out: Path | None = None
+
+    def on_start(self, run: Run, out: Path, resumed: bool) -> None:
+        self.out = out
+
+    def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
+        if status == "finished" and self.out is not None:
+            from fedsim.report import plot_run
+
+            plot_run(self.out)
+
+
+class Tracking(RunCallback):
+    """Experiment tracking the user already has: every public metrics row to TensorBoard and/or
+    MLflow (:mod:`fedsim.tracking`; ``tracking.tensorboard``, ``tracking.mlflow_uri``). A resumed
+    run continues the same TensorBoard log and MLflow run.
+
+    Parameters
+    ----------
+    trackers : the trackers (from :func:`fedsim.tracking.make_trackers`).
+    warn : prints a warning line (a tracker that fails mid-run is dropped with one warning; the
+        run goes on).
+    """
+
+    def __init__(self, trackers: list[Any], warn: Any = None) -> None:
+        from fedsim.tracking import TrackerGroup
+
+        self.group = TrackerGroup(trackers, warn=warn)
+        self.publish = True
+        self.done = False
+
+    def on_start(self, run: Run, out: Path, resumed: bool) -> None:
+        self.publish = run.publish
+        spec = run.spec
+        params = {"noise_multiplier": spec.noise_multiplier, "delta": spec.delta, "population": spec.population}
+        self.group.start(out, run.resolved.model_dump(mode="json"), params)
+
+    def on_round_end(self, row: dict[str, Any]) -> None:
+        self.group.log_row(public_row(row, self.publish))
+
+    def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
+        self.done = True
+        self.group.finish(summary, status={"finished": "FINISHED", "stopped": "KILLED"}.get(status, "FAILED"))
+
+    def close(self) -> None:
+        if not self.done:
+            self.group.finish(None, status="FAILED")
+
+
+class Callbacks(RunCallback):
+    """A list of callbacks called in order (the runner's one callback)."""
+
+    def __init__(self, callbacks: list[RunCallback]) -> None:
+        self.callbacks = list(callbacks)
+
+    def on_start(self, run: Run, out: Path, resumed: bool) -> None:
+        for cb in self.callbacks:
+            cb.on_start(run, out, resumed)
+
+    def on_round_end(self, row: dict[str, Any]) -> None:
+        for cb in self.callbacks:
+            cb.on_round_end(row)
+
+    def on_stop(self, signal_name: str) -> None:
+        for cb in self.callbacks:
+            cb.on_stop(signal_name)
+
+    def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
+        for cb in self.callbacks:
+            cb.on_end(summary, status)
+
+    def close(self) -> None:
+        for cb in self.callbacks:
+            cb.close()

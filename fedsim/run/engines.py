@@ -1,0 +1,123 @@
+"""Engines: where a built run's rounds execute.
+
+- ``ray``: Flower's simulation engine on Ray (workers in parallel, multi-node capable);
+- ``inprocess``: :class:`fedsim.run.inprocess.InProcessGrid`, the ClientApp called in this
+  process one message after the other (no Ray);
+- a deployment: the Deployment Engine's grid that the deployed ServerApp was given
+  (:mod:`fedsim.deploy.runconfig`).
+
+:func:`execute` runs the strategy's rounds with the stop signals handled
+(:mod:`fedsim.interrupt`); on a stop, every process the run started is gone when it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import warnings
+from typing import Any
+
+import torch
+
+from fedsim.interrupt import StopRequest, descendants, kill_descendants, stop_on_signals
+from fedsim.run.build import Run
+
+
+class _DropDeprecationBanner(logging.Filter):
+    """fedsim drives Flower's simulation engine through ``run_simulation`` on purpose
+    (no ``flwr run`` local mode, which installs dependencies at run time); its
+    deprecation banner is not actionable for a fedsim user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return "DEPRECATED FEATURE" not in msg and "deprecated feature" not in msg
+
+
+def _start_ray(init_args: dict[str, Any]) -> None:
+    """Start (or join) Ray in the main thread, as Flower's Ray backend would: the workers get
+    this process's import path. Flower's backend then finds Ray running and uses it."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+
+
+def _stop_ray() -> None:
+    """Shut Ray down if it is still up (Flower's backend shuts it down after a normal run)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def quiet_flower() -> None:
+    """Flower's and Ray's own logging reduced to what a fedsim user can act on."""
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.setLevel(logging.WARNING)
+    if not any(isinstance(f, _DropDeprecationBanner) for f in flwr_logger.filters):
+        flwr_logger.addFilter(_DropDeprecationBanner())
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def _ray_backend_config(run: Run) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Ray's ``init`` arguments and Flower's backend config for ``run``'s workers."""
+    cfg, n = run.cfg, run.n_workers
+    gpus = cfg.sim.client_gpus if torch.cuda.is_available() else 0.0
+    init_args: dict[str, Any] = {
+        "num_cpus": int(math.ceil(n * cfg.sim.client_cpus)),
+        "num_gpus": int(math.ceil(n * gpus)),
+        "include_dashboard": False,
+        "logging_level": logging.ERROR,
+        "log_to_driver": True,
+    }
+    if cfg.sim.ray_address:  # join a running cluster: its resources, not ours
+        init_args = {"address": cfg.sim.ray_address, "logging_level": logging.ERROR, "log_to_driver": True}
+    return init_args, {"client_resources": {"num_cpus": cfg.sim.client_cpus, "num_gpus": gpus}, "init_args": init_args}
+
+
+def execute(run: Run, strategy: Any, client_app: Any, stop: StopRequest, resume_hint: str) -> None:
+    """Run the strategy's rounds on the engine, with the stop signals handled
+    (:mod:`fedsim.interrupt`); on a stop, every process this run started is gone on return."""
+    if client_app is None:
+        from clients.client_app import app as client_app
+    deployment = run.deployment
+    ray_engine = deployment is None and run.engine == "ray"
+    ours = set(descendants())  # processes that are not this run's (kept on a stop)
+    try:
+        if ray_engine:
+            init_args, backend_config = _ray_backend_config(run)
+            _start_ray(init_args)  # here, so that the stop handlers below replace Ray's own
+        with stop_on_signals(stop, resume_hint, spare=ours):
+            if deployment is not None:
+                strategy.run(deployment.grid)
+            elif run.engine == "inprocess":
+                from fedsim.run.inprocess import InProcessGrid, task_identity
+
+                with task_identity():
+                    strategy.run(InProcessGrid(client_app, run.n_workers, stop=stop.event))
+            else:
+                from flwr.simulation import run_simulation
+
+                from strategies.server_app import make_server_app
+
+                run_simulation(
+                    server_app=make_server_app(strategy),
+                    client_app=client_app,
+                    num_supernodes=run.n_workers,
+                    backend_config=backend_config,
+                )
+    finally:
+        if ray_engine:
+            _stop_ray()
+    if stop.requested and deployment is None:
+        kill_descendants(grace=3.0, spare=ours)
