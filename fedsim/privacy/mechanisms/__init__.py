@@ -28,7 +28,7 @@ from fedsim.errors import FedsimError
 # isort: off
 from fedsim.privacy.mechanisms import independent, identity, tree, sqrt, dense, dpmf_plus  # noqa: F401
 from fedsim.privacy.mechanisms import banded, blt  # noqa: F401
-from fedsim.privacy.mechanisms import bsr  # noqa: F401
+from fedsim.privacy.mechanisms import bsr, bisr  # noqa: F401
 
 # isort: on
 from fedsim.privacy.mechanisms.base import (
