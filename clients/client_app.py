@@ -55,6 +55,10 @@ def _worker(task_json: str, node_config: dict | None = None) -> tuple:
             task = protocol.Task.from_json(task_json)
             torch.set_num_threads(max(1, task.threads))
             data = node_data(task.data, node_config)
+            if task.view is not None:  # an audit's population: canary users added, held-out users removed
+                from fedsim.attacks.population import AuditView
+
+                data = AuditView.from_json(task.view).apply(data)
             model = make_model(
                 task.model, data.model_dims(), seed=task.model_seed, dp_layers=task.example_dp is not None
             )

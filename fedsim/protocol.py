@@ -64,6 +64,9 @@ class Task:
     ef_clip: float = 0.0
     example_dp: ExampleDP | None = None
     vectorize: bool = False
+    #: an audit's change of the population (:class:`fedsim.attacks.population.AuditView`, JSON),
+    #: applied by every worker to the loaded data; None for an ordinary run.
+    view: str | None = None
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -87,4 +90,5 @@ class Task:
             float(d.get("ef_clip", 0.0)),
             ExampleDP(**d["example_dp"]) if d.get("example_dp") else None,
             bool(d.get("vectorize", False)),
+            d.get("view"),
         )

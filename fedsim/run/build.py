@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.nn.utils import parameters_to_vector
 
+from fedsim.attacks.population import AuditView, ordinary_users
 from fedsim.config import Config
 from fedsim.data import load_federated
 from fedsim.data.base import Population
@@ -537,6 +538,7 @@ def build_run(
     resumed_spec: AccountingSpec | None = None,
     synthetic: SyntheticUsers | None = None,
     deployment: Deployment | None = None,
+    view: AuditView | None = None,
 ) -> Run:
     """Build every piece of a run of ``cfg``; nothing runs and nothing is written.
 
@@ -549,12 +551,18 @@ def build_run(
         canaries): ``count`` of them, ids ``N..N+count−1``; ``bind(first_id, dim)`` is called here.
     deployment : a :class:`Deployment` (census population, owners, SuperNodes to wait for, the
         OS-drawn privacy key), or None for a simulation.
+    view : an audit's population (:class:`fedsim.attacks.population.AuditView`: canary users
+        added, held-out users removed); the sampler, the accountant and every worker use it, and
+        only its real users are evaluated. Simulation only. Default None.
     """
-    prep = prepare(
-        cfg,
-        extra_users=0 if synthetic is None else int(synthetic.count),
-        data=None if deployment is None else deployment.data,
-    )
+    if view is not None and deployment is not None:
+        raise FedsimError("an audit's population (canary or held-out users) runs in simulation only")
+    population = None if deployment is None else deployment.data
+    if view is not None:
+        loaded = load_federated(cfg.data)
+        note_max_users(cfg, loaded.population)
+        population = view.apply(loaded)
+    prep = prepare(cfg, extra_users=0 if synthetic is None else int(synthetic.count), data=population)
     if resumed_spec is not None:  # ε always comes from the spec the run started with
         z_update, split = resolve_clipping(cfg, resumed_spec, prep.scheme)
         prep = replace(prep, spec=resumed_spec, update_noise_multiplier=z_update, budget_split=split)
@@ -581,6 +589,8 @@ def build_run(
     )
     sampler = make_sampler(prep.scheme, key.derive("sampling"), user_ids)
     task = _build_task(cfg, prep, server, example_dp)
+    if view is not None:
+        task = replace(task, view=view.to_json())
     client_store = None
     if ef == "client":
         from fedsim.error_feedback import ClientStateStore
@@ -589,7 +599,7 @@ def build_run(
     pop = data.population
     if synthetic is not None:
         synthetic.bind(first_id=pop, dim=prep.num_params)
-    eval_users = choose_eval_users(cfg, pop)
+    eval_users = choose_eval_users(cfg, pop if view is None else len(ordinary_users(data)))
     majority = data.majority_baseline(eval_users, cfg.eval.max_examples_per_user) if eval_users else None
     return Run(
         cfg=cfg,

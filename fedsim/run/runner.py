@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from fedsim.attacks.population import AuditView
 from fedsim.config import Config
 from fedsim.errors import FedsimError
 from fedsim.interrupt import RunInterrupted, StopRequest
@@ -57,6 +58,7 @@ def run_experiment(
     synthetic: SyntheticUsers | None = None,
     deployment: Deployment | None = None,
     callbacks: list[RunCallback] | None = None,
+    view: AuditView | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` and write the run folder.
 
@@ -78,6 +80,8 @@ def run_experiment(
         owners, the nodes to wait for, and the OS-drawn privacy key).
     callbacks : more callbacks, called after the built-in ones (metrics file, checkpoints,
         ledger, progress line, plots and the config's tracking). Default none.
+    view : an audit's population (canary users added, held-out users removed;
+        :class:`fedsim.attacks.population.AuditView`). Default None.
 
     Returns the summary dict (also written to ``summary.json``).
 
@@ -99,7 +103,7 @@ def run_experiment(
 
             ckpt = load_checkpoint(out / "checkpoint")
             resumed_spec = checkpointed_spec(ckpt, out)
-        run = build_run(cfg, resumed_spec=resumed_spec, synthetic=synthetic, deployment=deployment)
+        run = build_run(cfg, resumed_spec=resumed_spec, synthetic=synthetic, deployment=deployment, view=view)
         (out / "config.toml").write_text(run.resolved.to_toml(), encoding="utf-8")
         if resume:
             Checkpointer.restore(run, ckpt, out)
