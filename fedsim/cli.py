@@ -195,8 +195,15 @@ def report(
     """Redraw each run's plots (and the filter PSD) and print a comparison table of the runs.
 
     A run with filter.trace_coordinates also gets plots/psd.png."""
+    from fedsim.audit_report import format_text_audit, is_text_audit, plot_text_audit, read_text_audit
     from fedsim.report import comparison_table, format_table, plot_ablation, plot_comparison, plot_run
 
+    audits = [d for d in run_dirs if is_text_audit(d)]
+    for d in audits:
+        plot_text_audit(d)
+        if not as_json:
+            typer.echo(f"{d}:\n{format_text_audit(read_text_audit(d))}")
+    run_dirs = [d / "run" if d in audits else d for d in run_dirs]
     for d in run_dirs:
         plot_run(d)
     rows = comparison_table(run_dirs)
@@ -556,9 +563,29 @@ def audit(
     config: ConfigArg = None,
     set_: SetOpt = None,
     out: Annotated[Path | None, typer.Option("--out", help="Run folder (default runs/<timestamp>-<name>).")] = None,
+    attack: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--attack",
+            help="gradient (default: random-direction canaries, a one-shot ε estimate), canary "
+            "(secret-sharer canary users: exposure) or user-inference (held-in vs held-out users: "
+            "AUC, TPR at low FPR, an ε lower bound); canary and user-inference can share one run.",
+        ),
+    ] = None,
     canaries: Annotated[
-        int, typer.Option("--canaries", help="M, the number of canary users added to the population.")
-    ] = 1000,
+        int | None,
+        typer.Option("--canaries", help="M, the canary users added to the population (gradient: 1000; canary: 12)."),
+    ] = None,
+    repetitions: Annotated[
+        str, typer.Option(help="canary: repetition levels r, comma-separated (copies of each secret).")
+    ] = "1,4,16",
+    secret_length: Annotated[int, typer.Option(help="canary: characters or words per secret.")] = 8,
+    canary_size: Annotated[
+        int | None,
+        typer.Option(help="canary: donor text each canary keeps (characters, or sentences); default all of it."),
+    ] = None,
+    references: Annotated[int, typer.Option(help="canary: random reference secrets per canary.")] = 10_000,
+    held_out: Annotated[int, typer.Option(help="user-inference: held-out users (and as many held-in targets).")] = 40,
     alpha: Annotated[float, typer.Option("--alpha", help="The bootstrap interval has confidence 1 − alpha.")] = 0.05,
     null: Annotated[
         str,
@@ -570,22 +597,32 @@ def audit(
     ] = "theoretical",
     as_json: Annotated[bool, typer.Option("--json", help="Print the audit as JSON (no progress line).")] = False,
 ) -> None:
-    """Estimate ε empirically from one training run with canary users (Andrew et al., ICLR 2024).
+    """Attack one training run of CONFIG and print what it leaks next to the ledger's ε.
 
-    Trains CONFIG once with M canaries added to the population. Each canary always sends a
-    full-norm update in its own fixed random direction. The command compares the canaries'
-    cosines with the final model delta against the null N(0, 1/d), the distribution for
-    directions that were never inserted, and writes audit.json into the run folder. The
-    estimate covers only the final model and comes with a bootstrap interval. It is not a
-    strict lower bound (see the caveats).
+    gradient (default): M canaries, each a full-norm update in its own random direction, and a
+    one-shot ε estimate from their cosines with the final model delta (Andrew et al., ICLR 2024);
+    audit.json goes into the run folder. canary: M secret-sharer canary users (a real user's text
+    with a random secret inserted r times) and each secret's exposure. user-inference: held-in vs
+    held-out users scored by the final model against the initial one; ROC AUC, TPR at 1 % and
+    0.1 % FPR, and a 95 % lower bound on ε at the run's δ. Text attacks write an audit folder
+    (audit.json, plots, run/) that `fedsim report` renders.
 
     CONFIG is an experiment TOML (default: experiments/shakespeare_default.toml).
     """
     _offline_env()
+    attacks = tuple(attack or ["gradient"])
+    cfg = load_config(config, set_ or [])
+    if "gradient" not in attacks:
+        opts = _text_audit_options(attacks, canaries, repetitions, secret_length, canary_size, references, held_out)
+        _text_audit(cfg, out, opts, as_json)
+        return
+    if len(attacks) > 1:
+        raise FedsimError("--attack gradient runs alone; run the text attacks (canary, user-inference) separately")
     from fedsim.audit import run_audit
 
-    cfg = load_config(config, set_ or [])
-    rep = run_audit(cfg, out, canaries, null_model=null, alpha=alpha, progress=not as_json)
+    rep = run_audit(
+        cfg, out, 1000 if canaries is None else canaries, null_model=null, alpha=alpha, progress=not as_json
+    )
     for w in rep["warnings"]:
         typer.echo(f"audit: warning: {w}", err=True)
     if as_json:
@@ -603,6 +640,75 @@ def audit(
         f"{rep['num_canaries']} canaries, d = {rep['dimension']:,}, final model only. "
         f"An estimate, not a strict lower bound: see {Path(rep['run_dir']) / 'audit.json'}"
     )
+
+
+def _text_audit_options(
+    attacks: tuple[str, ...],
+    canaries: int | None,
+    repetitions: str,
+    secret_length: int,
+    size: int | None,
+    references: int,
+    held_out: int,
+) -> Any:
+    """The text audit's options from the command line."""
+    from fedsim.run.text_audit import TextAuditOptions
+
+    try:
+        reps = tuple(int(r) for r in repetitions.split(","))
+    except ValueError:
+        raise FedsimError(f"--repetitions {repetitions!r}: give integers separated by commas, e.g. 1,4,16") from None
+    return TextAuditOptions(
+        attacks=attacks,
+        num_canaries=12 if canaries is None else canaries,
+        repetitions=reps,
+        size=size,
+        secret_length=secret_length,
+        references=references,
+        held_out=held_out,
+    )
+
+
+def _text_audit(cfg: Any, out: Path | None, opts: Any, as_json: bool) -> None:
+    """``fedsim audit --attack canary|user-inference``."""
+    from fedsim.audit_report import format_text_audit
+    from fedsim.run.text_audit import run_text_audit
+
+    rep = run_text_audit(cfg, out, opts, progress=not as_json)
+    typer.echo(json.dumps(rep) if as_json else format_text_audit(rep))
+
+
+@app.command()
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="The sweep spec: a TOML file with a [sweep] table.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Sweep folder (default runs/sweeps/<name>).")] = None,
+    address: Annotated[
+        str | None, typer.Option(help="Run on this Ray cluster (HOST:PORT of its head) instead of a local Ray.")
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option("--resume", help="Finish the killed sweep in this folder (only unfinished trials run)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print sweep.json.")] = False,
+) -> None:
+    """Run a sweep on Ray Tune: a base config × named arms × a grid of overrides × seeds.
+
+    Every trial is an ordinary run folder under <out>/trials/ (in-process engine, sim.client_cpus
+    CPUs each; Tune runs trials in parallel). Writes sweep.json, table.csv and table.md (mean ± std
+    over seeds per arm: the metric, ε and its relation, wall time) and says whether selecting the
+    best arm is accounted (sweep.private_selection). `fedsim report SWEEP_DIR` draws it.
+    """
+    _offline_env()
+    from fedsim.run.sweep import json_safe, markdown_table, run_sweep
+
+    result = run_sweep(spec, resume if resume is not None else out, address=address, resume=resume is not None)
+    if as_json:
+        typer.echo(json.dumps(json_safe(result)))
+        return
+    typer.echo(markdown_table(result["arms"], result["metric"]))
+    typer.echo(f"selection: {result['selection']['note'] if 'note' in result['selection'] else result['selection']}")
+    if result["missing"]:
+        typer.echo(f"fedsim: {len(result['missing'])} trial(s) did not finish; resume with --resume", err=True)
 
 
 deploy_app = typer.Typer(

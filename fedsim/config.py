@@ -494,6 +494,25 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _mechanism_fits_scheme(self) -> Config:
+        """The accountant's rules that need no population, checked at load time (fail fast)."""
+        from fedsim.privacy.accounting import MF_SCHEMES
+
+        mech, scheme = self.privacy.mechanism, self.sampling.scheme
+        if MECHANISMS[mech].correlated and scheme not in MF_SCHEMES:
+            raise ValueError(
+                f"privacy.mechanism = '{mech}' (matrix factorization) needs a bounded participation scheme: "
+                f"set sampling.scheme to one of {', '.join(MF_SCHEMES)}"
+            )
+        if mech == "gaussian" and scheme not in ("poisson", "fixed"):
+            raise ValueError(
+                f"privacy.mechanism = 'gaussian' is amplified by sampling and needs sampling.scheme = "
+                f"'poisson' or 'fixed'; with '{scheme}' use privacy.mechanism = 'identity' "
+                f"(independent noise, no amplification)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _no_momentum_on_a_filter(self) -> Config:
         if self.filter.name != "none" and self.server.optimizer == "momentum":
             raise ValueError(

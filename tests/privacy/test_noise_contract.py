@@ -82,4 +82,16 @@ def test_state_round_trips_mid_stream(name: str, stop: int) -> None:
 
 
 def test_every_registered_mechanism_is_checked() -> None:
-    assert {"none", "gaussian", "identity", "tree", "sqrt", "dense", "dpmf_plus", "banded", "blt", "bsr", "bisr"} <= set(MECHANISMS)
+    assert {
+        "none",
+        "gaussian",
+        "identity",
+        "tree",
+        "sqrt",
+        "dense",
+        "dpmf_plus",
+        "banded",
+        "blt",
+        "bsr",
+        "bisr",
+    } <= set(MECHANISMS)

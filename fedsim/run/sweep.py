@@ -1,0 +1,536 @@
+"""Sweeps: many runs of one experiment, scheduled by Ray Tune (``fedsim sweep SPEC.toml``).
+
+A sweep spec is a TOML file with a ``[sweep]`` table:
+
+.. code-block:: toml
+
+    [sweep]
+    name = "mechanism_grid"
+    config = "../shakespeare_default.toml"   # the base experiment, relative to this file
+                                             # (default: the bundled default experiment)
+    set = ["eval.every=0"]                   # overrides every trial gets
+    seeds = [0, 1, 2]
+    metric = "final_eval_accuracy"           # what the table ranks by (and ASHA / Optuna use)
+    mode = "max"
+
+    [[sweep.arms]]                           # named arms: lists of overrides (optional)
+    name = "gaussian"
+    set = ["privacy.mechanism='gaussian'", "sampling.scheme='poisson'", "sampling.cohort_size=30"]
+
+    [sweep.axes]                             # a grid, crossed with the arms and the seeds
+    "privacy.target_epsilon" = [2.0, 4.0, 8.0]
+
+Every trial is one ordinary run folder under ``<out>/trials/`` (the in-process engine, one worker,
+``sim.client_cpus`` CPUs as its Tune resources); Tune keeps its state under ``<out>/tune/``. A
+killed sweep re-run with ``--resume`` finishes only the trials that did not finish (Tune's
+``Tuner.restore``; a trial whose run folder holds a ``summary.json`` is never recomputed).
+
+The sweep writes ``sweep.json`` (every trial's numbers), ``table.csv`` and ``table.md`` (mean ±
+std over seeds per arm: the metric, ε with its neighbouring relation, wall time) and says what
+the selection of the best arm costs in privacy (:mod:`fedsim.privacy.selection`).
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fedsim.config import apply_overrides, config_from_dict, parse_override, read_config_file
+from fedsim.errors import FedsimError
+from fedsim.run.callbacks import RunCallback
+
+#: overrides every trial gets last: the in-process engine with one worker (Tune runs the trials in
+#: parallel, each on its own CPUs).
+TRIAL_ENGINE = ["sim.engine='inprocess'", "sim.num_workers=1"]
+
+
+class Arm(BaseModel):
+    """A named arm: overrides applied on top of the base config."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.+=-]+$")
+    set: list[str] = []
+
+
+class PrivateSelection(BaseModel):
+    """Release the best of a random number of trials (Papernot & Steinke, ICLR 2022).
+
+    Parameters
+    ----------
+    distribution : ``poisson`` (``K ~ Poisson(mean)``) or ``truncated_negative_binomial``
+        (parameters ``eta`` and ``gamma``; ``eta = 0`` is the logarithmic distribution).
+    mean : ``μ`` of the Poisson distribution.
+    eta, gamma : of the truncated negative binomial.
+    metric_is_private : the metric the selection ranks by is itself a DP output or computed on
+        public data (the theorem needs it). Default False: ``final_eval_accuracy`` is computed from
+        users' held-out data outside ε, so the selection is then reported as not covered.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    distribution: Literal["poisson", "truncated_negative_binomial"] = "poisson"
+    mean: float = Field(default=10.0, gt=0)
+    eta: float = Field(default=0.0, gt=-1)
+    gamma: float = Field(default=0.1, gt=0, lt=1)
+    metric_is_private: bool = False
+
+
+class Search(BaseModel):
+    """A search instead of a grid: Tune's Optuna search draws ``num_samples`` points of ``space``
+    (``{"client.lr" = {loguniform = [0.1, 10]}}``; also ``uniform`` and ``choice``), each run with
+    the spec's first seed.
+
+    Parameters
+    ----------
+    algorithm : ``optuna`` (Tune's ``OptunaSearch``). num_samples : trials to draw. Default 8.
+    space : dotted config key → ``{loguniform | uniform = [low, high]}`` or ``{choice = [values]}``.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    algorithm: Literal["optuna"] = "optuna"
+    num_samples: int = Field(default=8, ge=1)
+    space: dict[str, dict[Literal["loguniform", "uniform", "choice"], list[Any]]]
+
+
+class SweepSpec(BaseModel):
+    """The ``[sweep]`` table (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(default="sweep", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    config: str | None = None
+    set: list[str] = []
+    seeds: list[int] = [0]
+    arms: list[Arm] = []
+    axes: dict[str, list[Any]] = {}
+    metric: str = "final_eval_accuracy"
+    mode: Literal["max", "min"] = "max"
+    max_concurrent: int | None = Field(default=None, ge=1)
+    scheduler: Literal["none", "asha"] = "none"
+    search: Search | None = None
+    private_selection: PrivateSelection | None = None
+
+
+def load_spec(path: str | Path) -> tuple[SweepSpec, Path | None]:
+    """The sweep spec in ``path`` and its base config's path (resolved against the spec's folder)."""
+    p = Path(path)
+    raw = read_config_file(p)
+    if "sweep" not in raw or not isinstance(raw["sweep"], dict) or set(raw) != {"sweep"}:
+        raise FedsimError(f"sweep spec {p}: expected one [sweep] table (and nothing else)")
+    try:
+        spec = SweepSpec.model_validate(raw["sweep"])
+    except ValidationError as e:
+        problems = "; ".join(f"sweep.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise FedsimError(f"sweep spec {p}: {problems}") from None
+    from fedsim.config import DEFAULT_EXPERIMENT
+
+    base = DEFAULT_EXPERIMENT if spec.config is None else (p.parent / spec.config).resolve()
+    if len({a.name for a in spec.arms}) != len(spec.arms):
+        raise FedsimError(f"sweep spec {p}: arm names must be distinct")
+    return spec, base
+
+
+def _value(v: Any) -> str:
+    """A TOML value for a ``--set`` override."""
+    if isinstance(v, str):
+        return repr(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def trials(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Every trial of the grid: ``{"name", "arm", "seed", "sets"}`` (arms × axes × seeds)."""
+    arms = spec.arms or [Arm(name="base")]
+    keys = list(spec.axes)
+    out = []
+    for arm in arms:
+        for values in itertools.product(*(spec.axes[k] for k in keys)):
+            point = [f"{k}={_value(v)}" for k, v in zip(keys, values)]
+            label = ",".join([arm.name] + [f"{k}={v}" for k, v in zip(keys, values)])
+            for seed in spec.seeds:
+                sets = [*spec.set, *arm.set, *point, f"seed={seed}"]
+                out.append({"name": f"{label},seed={seed}", "arm": label, "seed": seed, "sets": sets})
+    return out
+
+
+def check_trials(base: Path | None, spec: SweepSpec, items: list[dict[str, Any]]) -> None:
+    """Validate every trial's config before anything starts (a broken trial never starts a sweep)."""
+    raw = {} if base is None else read_config_file(base)
+    for t in items:
+        for item in t["sets"]:
+            parse_override(item)
+        config_from_dict(apply_overrides(raw, t["sets"] + TRIAL_ENGINE))
+
+
+def _trial_result(summary: dict[str, Any], metric: str) -> dict[str, Any]:
+    eps = summary.get("epsilon")
+    return {
+        metric: summary.get(metric),
+        "final_eval_accuracy": summary.get("final_eval_accuracy"),
+        "epsilon": math.inf if eps in ("inf", None) else float(eps),
+        "delta": summary.get("delta"),
+        "neighboring_relation": summary.get("neighboring_relation"),
+        "noise_multiplier": summary.get("noise_multiplier"),
+        "wall_seconds": summary.get("wall_seconds"),
+        "model_sha256": summary.get("model_sha256"),
+    }
+
+
+class _ReportRounds(RunCallback):
+    """A run callback that reports every evaluated round to Tune (what ASHA stops trials on)."""
+
+    def __init__(self, metric: str) -> None:
+        self.metric = metric
+
+    def on_round_end(self, row: dict[str, Any]) -> None:
+        from ray import tune
+
+        acc = row.get("eval_accuracy")
+        if acc is not None:
+            tune.report({self.metric: acc, "round": row["round"]})
+
+
+def _searched_trial(config: dict[str, Any]) -> dict[str, Any]:
+    """The trial of a search point: its overrides and a name from its values."""
+    params = config["params"]
+    point = [f"{k}={_value(v)}" for k, v in sorted(params.items())]
+    label = ",".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(params.items()))
+    seed = int(config["seed"])
+    return {
+        "name": f"{label},seed={seed}",
+        "arm": label,
+        "seed": seed,
+        "sets": [*config["set"], *point, f"seed={seed}"],
+    }
+
+
+def run_trial(config: dict[str, Any]) -> dict[str, Any] | None:
+    """One trial (a Tune function trainable): the run folder's summary, reused when it exists."""
+    from fedsim.config import load_config
+    from fedsim.run.runner import run_experiment
+
+    t = config["trial"] if "trial" in config else _searched_trial(config)
+    out = Path(config["out"]) / "trials" / t["name"]
+    summary_path = out / "summary.json"
+    if summary_path.exists():  # finished before a crash of the sweep: never recomputed
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    else:
+        if out.exists():  # a trial killed mid-run starts again
+            import shutil
+
+            shutil.rmtree(out)
+        cfg = load_config(config["base"], t["sets"] + TRIAL_ENGINE)
+        extra: list[RunCallback] = [_ReportRounds(config["metric"])] if config.get("report_rounds") else []
+        summary = run_experiment(cfg, out, progress=False, callbacks=extra)
+    result = _trial_result(summary, config["metric"])
+    result["trial"] = t["name"]
+    # Tune's loggers take numbers only: ε = ∞ (no noise) is reported as None (sweep.json has "inf")
+    result = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in result.items()}
+    if config.get("report_rounds"):
+        from ray import tune
+
+        tune.report(result)
+        return None
+    return result
+
+
+def _tuner(spec: SweepSpec, base: Path | None, out: Path, items: list[dict[str, Any]], resume: bool) -> Any:
+    from ray import tune
+
+    cpus = _trial_cpus(base, (items or trials(spec))[0]["sets"])
+    trainable = tune.with_resources(run_trial, {"cpu": cpus})
+    space: dict[str, Any] = {
+        "out": str(out),
+        "base": None if base is None else str(base),
+        "metric": spec.metric,
+        "report_rounds": spec.scheduler == "asha",
+    }
+    search_alg, samples = None, 1
+    if spec.search is None:
+        space["trial"] = tune.grid_search(items)
+    else:
+        from ray.tune.search.optuna import OptunaSearch
+
+        space.update(params=_search_space(spec.search), seed=spec.seeds[0], set=list(spec.set))
+        search_alg = OptunaSearch(metric=spec.metric, mode=spec.mode, seed=spec.seeds[0])
+        samples = spec.search.num_samples
+    storage = out / "tune"
+    if resume and (storage / spec.name).exists():
+        return tune.Tuner.restore(str(storage / spec.name), trainable, resume_unfinished=True, resume_errored=True)
+    scheduler = None
+    if spec.scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        scheduler = ASHAScheduler(metric=spec.metric, mode=spec.mode, grace_period=1)
+    return tune.Tuner(
+        trainable,
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=spec.max_concurrent,
+            scheduler=scheduler,
+            search_alg=search_alg,
+            num_samples=samples,
+            reuse_actors=True,
+            trial_dirname_creator=lambda trial: trial.trial_id,
+        ),
+        run_config=tune.RunConfig(name=spec.name, storage_path=str(storage), verbose=0),
+    )
+
+
+def _search_space(search: Search) -> dict[str, Any]:
+    """Tune's distributions for the search space."""
+    from ray import tune
+
+    space: dict[str, Any] = {}
+    for key, dist in search.space.items():
+        if len(dist) != 1:
+            raise FedsimError(f"sweep.search.space.{key}: give one of loguniform, uniform or choice")
+        ((kind, values),) = dist.items()
+        if kind == "choice":
+            space[key] = tune.choice(values)
+        elif len(values) != 2 or not all(isinstance(v, int | float) for v in values):
+            raise FedsimError(f"sweep.search.space.{key}.{kind} must be [low, high]")
+        else:
+            space[key] = (tune.loguniform if kind == "loguniform" else tune.uniform)(*values)
+    return space
+
+
+def _trial_cpus(base: Path | None, sets: list[str]) -> float:
+    """``sim.client_cpus`` of a trial with overrides ``sets``: its Tune resources."""
+    raw = {} if base is None else read_config_file(base)
+    return float(config_from_dict(apply_overrides(raw, sets + TRIAL_ENGINE)).sim.client_cpus)
+
+
+def _collect(out: Path, items: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """Every finished trial's result, read from its run folder (what Tune reported, and more).
+    ``items``: the grid's trials; empty for a search, whose trials are the folders found."""
+    if not items:
+        items = [
+            {"name": p.name, "arm": p.name.rsplit(",seed=", 1)[0], "seed": int(p.name.rsplit(",seed=", 1)[1])}
+            for p in sorted((out / "trials").glob("*,seed=*"))
+        ]
+    rows = []
+    for t in items:
+        path = out / "trials" / t["name"] / "summary.json"
+        if path.exists():
+            summary = json.loads(path.read_text(encoding="utf-8"))
+            rows.append({"trial": t["name"], "arm": t["arm"], "seed": t["seed"], **_trial_result(summary, metric)})
+    return rows
+
+
+def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def arm_table(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """Mean ± std over seeds per arm: the metric, ε (with its relation), wall time."""
+    table = []
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        group = [r for r in rows if r["arm"] == arm]
+        m, m_sd = _mean_sd([r[metric] for r in group])
+        eps = [r["epsilon"] for r in group]
+        e, e_sd = _mean_sd(eps)
+        w, w_sd = _mean_sd([r["wall_seconds"] for r in group])
+        table.append(
+            {
+                "arm": arm,
+                "seeds": len(group),
+                metric: m,
+                f"{metric}_std": m_sd,
+                "epsilon": math.inf if all(math.isinf(x) for x in eps) else e,
+                "epsilon_std": e_sd,
+                "neighboring_relation": group[0]["neighboring_relation"],
+                "wall_seconds": w,
+                "wall_seconds_std": w_sd,
+            }
+        )
+    return table
+
+
+def _fmt(m: float | None, sd: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    if m is None:
+        return "–"
+    if math.isinf(m):
+        return "∞"
+    return f"{m * scale:.{digits}f} ± {(sd or 0.0) * scale:.{digits}f}"
+
+
+def markdown_table(table: list[dict[str, Any]], metric: str) -> str:
+    """The arm table as markdown (accuracy-like metrics in percent)."""
+    pct = metric.endswith("accuracy")
+    head = f"| arm | seeds | {metric}{' %' if pct else ''} | ε | relation | wall s |"
+    lines = [head, "|---|---|---|---|---|---|"]
+    for r in table:
+        lines.append(
+            f"| {r['arm']} | {r['seeds']} | {_fmt(r[metric], r[f'{metric}_std'], 100 if pct else 1)} | "
+            f"{_fmt(r['epsilon'], r['epsilon_std'], digits=3)} | {r['neighboring_relation']} | "
+            f"{_fmt(r['wall_seconds'], r['wall_seconds_std'], digits=0)} |"
+        )
+    return "\n".join(lines)
+
+
+def _write_outputs(out: Path, spec: SweepSpec, rows: list[dict[str, Any]], selection: dict[str, Any]) -> dict[str, Any]:
+    table = arm_table(rows, spec.metric)
+    result = {
+        "name": spec.name,
+        "metric": spec.metric,
+        "mode": spec.mode,
+        "trials": rows,
+        "arms": table,
+        "selection": selection,
+    }
+    (out / "sweep.json").write_text(json.dumps(json_safe(result), indent=1), encoding="utf-8")
+    with (out / "table.csv").open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(table[0]) if table else ["arm"])
+        writer.writeheader()
+        writer.writerows(table)
+    (out / "table.md").write_text(markdown_table(table, spec.metric) + "\n", encoding="utf-8")
+    return result
+
+
+def json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf"
+    return value
+
+
+def selection_note(spec: SweepSpec, table: list[dict[str, Any]], base: Path | None) -> dict[str, Any]:
+    """What choosing the best arm on private data costs, and whether it is accounted."""
+    best = None
+    scored = [r for r in table if r[spec.metric] is not None]
+    if scored:
+        pick = max if spec.mode == "max" else min
+        best = pick(scored, key=lambda r: r[spec.metric])["arm"]
+    if spec.private_selection is None:
+        return {
+            "best_arm": best,
+            "accounted": False,
+            "note": "selection not accounted: choosing the best arm by a metric computed on users' data "
+            "is itself a release that the per-run ε does not cover (configure sweep.private_selection)",
+        }
+    return {"best_arm": best, **_selection_privacy(spec, base)}
+
+
+def _selection_privacy(spec: SweepSpec, base: Path | None) -> dict[str, Any]:
+    """The ε of releasing the best trial under ``sweep.private_selection``, and whether it covers
+    this sweep (the theorem needs the ranking metric to be private or public)."""
+    from fedsim.data import load_federated
+    from fedsim.privacy.selection import selection_epsilon
+    from fedsim.run.build import resolve_privacy
+
+    ps = spec.private_selection
+    assert ps is not None
+    raw = {} if base is None else read_config_file(base)
+    runs, deltas = [], []
+    for arm in dict.fromkeys(t["arm"] for t in trials(spec)):
+        sets = next(t["sets"] for t in trials(spec) if t["arm"] == arm)
+        cfg = config_from_dict(apply_overrides(raw, sets + TRIAL_ENGINE))
+        acc = resolve_privacy(cfg, load_federated(cfg.data).population)
+        runs.append((acc, cfg.rounds))
+        deltas.append(acc.delta)
+    out = selection_epsilon(runs, max(deltas), ps.distribution, ps.mean, ps.eta, ps.gamma)
+    out["accounted"] = ps.metric_is_private
+    out["note"] = (
+        f"ε of releasing the selected model: {out['epsilon']:.4g} at δ = {out['delta']:.3g} ({out['theorem']})"
+        + (
+            ""
+            if ps.metric_is_private
+            else f"; it assumes the ranking metric is private or public, but '{spec.metric}' is computed from "
+            "users' data outside ε: selection not accounted"
+        )
+    )
+    return out
+
+
+def random_trials(spec: SweepSpec, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Private selection's trials: ``K`` drawn from the spec's distribution, each a uniformly random
+    arm with a fresh seed (from the keyed CSPRNG of the spec's first seed)."""
+    from fedsim.privacy.rng import PrivacyKey, random_words
+    from fedsim.privacy.selection import draw_arms, draw_trial_count
+
+    ps = spec.private_selection
+    assert ps is not None
+    key = PrivacyKey.from_seed(spec.seeds[0]).derive("private-selection")
+    k = draw_trial_count(ps.distribution, ps.mean, ps.eta, ps.gamma, key.derive("count"))
+    arms = list(dict.fromkeys(t["arm"] for t in items))
+    first = {a: next(t for t in items if t["arm"] == a) for a in arms}
+    out = []
+    for i, a in enumerate(draw_arms(len(arms), k, key.derive("arms"))):
+        seed = int(random_words(key.derive("seed", i), 1)[0]) % 2**31  # a fresh seed per trial
+        t = first[arms[a]]
+        sets = [s for s in t["sets"] if not s.startswith("seed=")] + [f"seed={seed}"]
+        out.append({"name": f"trial{i:03d},{arms[a]}", "arm": arms[a], "seed": seed, "sets": sets})
+    return out
+
+
+def run_sweep(
+    spec_path: str | Path, out_dir: str | Path | None = None, *, address: str | None = None, resume: bool = False
+) -> dict[str, Any]:
+    """Run (or resume) the sweep of ``spec_path`` on Ray Tune and write its outputs.
+
+    Parameters
+    ----------
+    spec_path : the sweep spec (TOML with a ``[sweep]`` table).
+    out_dir : the sweep folder (default ``runs/sweeps/<name>``; with ``resume``, the folder to resume).
+    address : join this Ray cluster (``HOST:PORT`` of its head) instead of starting a local Ray.
+    resume : finish a killed sweep in ``out_dir``: only its unfinished trials run.
+
+    Returns the dict written to ``sweep.json``.
+    """
+    import os
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's own progress tables: off (the table is ours)
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    import ray
+
+    spec, base = load_spec(spec_path)
+    if spec.search is not None and (spec.arms or spec.axes or spec.private_selection is not None):
+        raise FedsimError("sweep.search replaces the grid: remove sweep.arms, sweep.axes and sweep.private_selection")
+    items = trials(spec) if spec.search is None else []
+    if spec.private_selection is not None:
+        items = random_trials(spec, items)
+    check_trials(base, spec, items or trials(spec))
+    out = Path(out_dir) if out_dir is not None else Path("runs") / "sweeps" / spec.name
+    if out.exists() and not resume and (out / "tune").exists():
+        raise FedsimError(f"sweep folder {out} already holds a sweep; pass --resume to finish it, or another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=1), encoding="utf-8")
+    t0 = time.perf_counter()
+    import logging
+
+    ray.init(
+        address=address,
+        include_dashboard=False,
+        log_to_driver=False,
+        ignore_reinit_error=True,
+        logging_level=logging.ERROR,
+    )
+    try:
+        _tuner(spec, base, out.resolve(), items, resume).fit()
+    finally:
+        ray.shutdown()
+    rows = _collect(out, items, spec.metric)
+    if not rows:
+        raise FedsimError(f"no trial of the sweep finished; Tune's logs are under {out / 'tune'}")
+    missing = [t["name"] for t in items if t["name"] not in {r["trial"] for r in rows}]
+    if spec.scheduler == "asha":  # ASHA stops trials early on purpose: those are not "missing"
+        missing = []
+    result = _write_outputs(out, spec, rows, selection_note(spec, arm_table(rows, spec.metric), base))
+    result["wall_seconds"] = time.perf_counter() - t0
+    result["missing"] = missing
+    (out / "sweep.json").write_text(json.dumps(json_safe(result), indent=1), encoding="utf-8")
+    return result
