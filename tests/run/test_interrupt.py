@@ -74,13 +74,22 @@ def _wait_rows(p: subprocess.Popen, out: Path, rows: int, limit: float = 240.0) 
     raise AssertionError(f"no round {rows} within {limit} s")
 
 
+#: the longest a run may take to exit after the signal (abandon the round, checkpoint, stop Ray);
+#: a quiet machine needs 1–5 s, a loaded CI machine more.
+EXIT_WITHIN = 60.0
+
+
 def _finish(p: subprocess.Popen, mark: str) -> tuple[int, str, str]:
+    signalled = time.monotonic()
     try:
         stdout, stderr = p.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         stdout, stderr = p.communicate()
         raise AssertionError(f"the run hung after the signal: {stderr[-2000:]}") from None
+    took = time.monotonic() - signalled
+    print(f"exit status {p.returncode} {took:.1f} s after the signal")  # shown with pytest -s
+    assert took < EXIT_WITHIN, f"the run took {took:.1f} s to exit after the signal"
     deadline = time.monotonic() + 10.0
     while _marked(mark) and time.monotonic() < deadline:
         time.sleep(0.2)
