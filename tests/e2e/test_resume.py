@@ -32,7 +32,10 @@ SETTINGS = [
 ]
 
 
-#: Extra settings per variant: every stateful piece must resume bit-identically.
+#: Extra settings per variant: every stateful piece must resume bit-identically. The Gaussian variant
+#: runs on Ray (two workers); the others on the in-process engine, which gives the same numbers
+#: (tests/run/test_engines.py) without starting Ray three more times.
+INPROCESS = "sim.num_workers=1"
 VARIANTS = {
     "gaussian": [],
     # adaptive clip norm + its count-noise stream, DiSK's d_{t-1}, AdamBC moments and φ, filter trace
@@ -42,6 +45,7 @@ VARIANTS = {
         "filter.name='disk'",
         "server.optimizer='adambc'",
         "filter.trace_coordinates=8",
+        INPROCESS,
     ],
     # client error-feedback states, BLT MF noise buffers (epochs), DOPPLER history
     "ef-blt-doppler": [
@@ -52,6 +56,7 @@ VARIANTS = {
         "privacy.mechanism='blt'",
         "filter.name='doppler'",
         "server.optimizer='sgd'",
+        INPROCESS,
     ],
     # banded MF noise (its ring of the last b − 1 rows) under keyed min_sep with Poisson thinning
     "banded-min-sep": [
@@ -61,6 +66,7 @@ VARIANTS = {
         "sampling.cohort_size=6",
         "privacy.mechanism='banded'",
         "privacy.bands=3",
+        INPROCESS,
     ],
 }
 
