@@ -513,44 +513,54 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _no_momentum_on_a_filter(self) -> Config:
+    def _filter_fits(self) -> Config:
+        """A filter is a momentum already, and DiSK's client evaluation has no example-level DP."""
         if self.filter.name != "none" and self.server.optimizer == "momentum":
             raise ValueError(
                 f"filter.name = '{self.filter.name}' already is a momentum (low-pass) filter: do not stack "
                 "server.optimizer = 'momentum' on it; use server.optimizer = 'sgd' (or 'adambc')"
             )
-        if (
-            self.privacy.unit == "example"
-            and self.filter.name == "disk"
-            and getattr(self.filter, "mode", None) in ("two_point", "lookahead")
-        ):
+        disk_client = self.filter.name == "disk" and getattr(self.filter, "mode", None) in ("two_point", "lookahead")
+        if self.privacy.unit == "example" and disk_client:
             raise ValueError(
                 "privacy.unit = 'example' with DiSK's client evaluation is not supported; use "
                 "filter.mode = 'ema' or another filter"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _error_feedback_fits(self) -> Config:
+        """Error feedback against adaptive clipping, MF noise, and the guarantee it lacks on the server."""
         ef = self.client.error_feedback
         if ef != "none" and self.clipping.adaptive:
             raise ValueError(
                 f"client.error_feedback = '{ef}' with clipping.adaptive = true is not supported "
                 "(both move the clip bound); turn one of them off"
             )
-        if ef == "server" and MECHANISMS[self.privacy.mechanism].correlated:
+        if ef != "server":
+            return self
+        if MECHANISMS[self.privacy.mechanism].correlated:
             raise ValueError(
                 "client.error_feedback = 'server' is experimental and refused with matrix-factorization "
                 f"noise (privacy.mechanism = '{self.privacy.mechanism}'); use client.error_feedback = "
                 "'client' or privacy.mechanism = 'gaussian'"
             )
-        if ef == "server" and not self.privacy.allow_no_guarantee:
+        if not self.privacy.allow_no_guarantee:
             raise ValueError(
                 "client.error_feedback = 'server' has no privacy guarantee (ε = ∞: the unclipped residuals "
                 "reach the releases); use client.error_feedback = 'client' (DP), or set "
                 "privacy.allow_no_guarantee = true to run it as a non-private research mode"
             )
-        if ef == "server" and self.privacy.target_epsilon is not None:
+        if self.privacy.target_epsilon is not None:
             raise ValueError(
                 "client.error_feedback = 'server' has no finite ε to calibrate for: replace "
                 "privacy.target_epsilon with privacy.noise_multiplier"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _privacy_fits(self) -> Config:
+        """The momentum workload models the server's momentum; adaptive clipping needs noise."""
         if getattr(self.privacy, "workload", "prefix") == "momentum" and self.server.optimizer != "momentum":
             raise ValueError(
                 "privacy.workload = 'momentum' factorizes SGD with the server's momentum β, so it needs "

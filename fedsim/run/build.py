@@ -532,6 +532,18 @@ def choose_eval_users(cfg: Config, population: int) -> list[int]:
     return list(range(population))
 
 
+def _population(cfg: Config, deployment: Deployment | None, view: AuditView | None) -> Population | None:
+    """The population when it is not ``cfg.data`` as loaded: a deployment's census, or an audit's
+    view of the loaded data (None: load ``cfg.data`` in :func:`prepare`)."""
+    if view is None:
+        return None if deployment is None else deployment.data
+    if deployment is not None:
+        raise FedsimError("an audit's population (canary or held-out users) runs in simulation only")
+    loaded = load_federated(cfg.data)
+    note_max_users(cfg, loaded.population)
+    return view.apply(loaded)
+
+
 def build_run(
     cfg: Config,
     *,
@@ -555,13 +567,7 @@ def build_run(
         added, held-out users removed); the sampler, the accountant and every worker use it, and
         only its real users are evaluated. Simulation only. Default None.
     """
-    if view is not None and deployment is not None:
-        raise FedsimError("an audit's population (canary or held-out users) runs in simulation only")
-    population = None if deployment is None else deployment.data
-    if view is not None:
-        loaded = load_federated(cfg.data)
-        note_max_users(cfg, loaded.population)
-        population = view.apply(loaded)
+    population = _population(cfg, deployment, view)
     prep = prepare(cfg, extra_users=0 if synthetic is None else int(synthetic.count), data=population)
     if resumed_spec is not None:  # ε always comes from the spec the run started with
         z_update, split = resolve_clipping(cfg, resumed_spec, prep.scheme)
