@@ -1,86 +1,42 @@
 """Experiment (c) of the MF issue: Shakespeare user-level DP at three ε values, amplified
-Gaussian noise against the MF mechanisms under their natural schemes, several seeds.
+Gaussian noise against the MF mechanisms under their natural schemes, several seeds — a thin
+wrapper around the sweep spec ``experiments/sweeps/mechanism_grid.toml``.
 
-Arms (each an experiment TOML in this folder, unchanged except ``privacy.target_epsilon``,
-``seed`` and ``eval.every = 0``, which evaluates once, after the last round):
+Arms (the default experiment with the overrides of each ``shakespeare_<mechanism>.toml``, the
+target ε, the seed and ``eval.every = 0``, which evaluates once, after the last round):
 
-- ``gaussian``: independent Gaussian noise, Poisson sampling at q = 30/848, amplified accounting
-  (``shakespeare_gaussian.toml``);
-- ``blt``: BLT (4 buffers) optimised for the epochs scheme, 28 groups of 30, k = 6
-  (``shakespeare_blt.toml`` = the default experiment);
-- ``banded``: banded MF with 28 bands under ``min_sep`` = 28 (``shakespeare_banded.toml``);
-- ``dense`` (not in the default sweep, ``--mechs ... dense`` adds it): the dense
-  single-participation optimum under the same epochs scheme (``shakespeare_dense.toml``).
+- ``gaussian``: independent Gaussian noise, Poisson sampling at q = 30/848, amplified accounting;
+- ``blt``: BLT (4 buffers) optimised for the epochs scheme, 28 groups of 30, k = 6 (the default);
+- ``banded``: banded MF with 28 bands under ``min_sep`` = 28.
 
-All: 848 users, 150 rounds, cohort 30, δ = 1/N^1.1, FedAvgM, ``shakespeare_lstm_small``.
+All: 848 users, 150 rounds, δ = 1/N^1.1, FedAvgM, ``shakespeare_lstm_small``; every trial on the
+in-process engine with one worker.
 
-Run: ``python experiments/mechanism_grid.py [--eps 2 4 8] [--seeds 3] [--mechs gaussian blt banded]
-[--jobs 2] [--out DIR]``.
-Each arm runs as its own ``fedsim run`` process (in-process engine, one thread), ``--jobs`` at a
-time; an arm whose ``summary.json`` exists is skipped, so an interrupted sweep resumes.
-Writes ``grid.json`` (this invocation's arms: accuracies, ε, z, wall times) and prints the markdown
-table of every finished run; ``--table`` only prints the
-markdown table of every finished run under ``--out`` (the one in ``experiments/README.md``).
+Run: ``python experiments/mechanism_grid.py [--out DIR] [--only TEXT]`` runs (or resumes) the sweep
+and prints the table; ``--table`` only prints the table of the finished trials under ``--out`` (the
+one in ``experiments/README.md``). The same sweep directly: ``fedsim sweep
+experiments/sweeps/mechanism_grid.toml --out DIR``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MECHS = {
-    "gaussian": "shakespeare_gaussian.toml",
-    "blt": "shakespeare_blt.toml",
-    "banded": "shakespeare_banded.toml",
-    "dense": "shakespeare_dense.toml",
-}
-
-
-def one(out: Path, mech: str, eps: float, seed: int) -> dict:
-    """Run one arm (or read its finished summary); return its summary dict."""
-    run_dir = out / f"{mech}-eps{eps:g}-s{seed}"
-    summ = run_dir / "summary.json"
-    if not summ.exists():
-        cmd = [
-            sys.executable,
-            "-m",
-            "fedsim.cli",
-            "run",
-            str(HERE / MECHS[mech]),
-            "--quiet",
-            "--out",
-            str(run_dir),
-            "--set",
-            f"privacy.target_epsilon={eps}",
-            "--set",
-            f"seed={seed}",
-            "--set",
-            "eval.every=0",
-            "--set",
-            "sim.engine='inprocess'",
-            "--set",
-            "sim.num_workers=1",
-        ]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        with open(out / f"{run_dir.name}.log", "w") as log:
-            subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
-    return json.loads(summ.read_text())
+#: the arms, in the table's order (the spec's [[sweep.arms]]).
+MECHS = ("gaussian", "blt", "banded", "dense")
 
 
 def markdown_table(out: Path) -> str:
-    """The results table of every finished arm under ``out`` (any mechanism, any seeds), checking
+    """The results table of every finished trial under ``out`` (any mechanism, any seeds), checking
     that each run's ε (its ledger's last entry, copied into ``summary.json``) is the target."""
     rows: dict[tuple[str, float], dict[int, dict]] = {}
-    for summ in sorted(out.glob("*-eps*-s*/summary.json")):
-        mech, eps, seed = summ.parent.name.rsplit("-", 2)
-        rows.setdefault((mech, float(eps[3:])), {})[int(seed[1:])] = json.loads(summ.read_text())
+    for summ in sorted((out / "trials").glob("*,privacy.target_epsilon=*,seed=*/summary.json")):
+        mech, eps, seed = summ.parent.name.split(",")
+        rows.setdefault((mech, float(eps.split("=")[1])), {})[int(seed.split("=")[1])] = json.loads(summ.read_text())
     lines = [
         "| ε | mechanism | z | sens(C) | seed 0 / 1 / 2 | mean ± std | wall time per run |",
         "|---|---|---|---|---|---|---|",
@@ -108,35 +64,15 @@ def markdown_table(out: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--eps", type=float, nargs="+", default=[8.0, 4.0, 2.0])
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--mechs", nargs="+", default=["gaussian", "blt", "banded"], choices=list(MECHS))
-    ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("runs/mechanism_grid"))
+    ap.add_argument("--only", help="run only the trials whose name contains this text")
     ap.add_argument("--table", action="store_true", help="only print the markdown table of the finished runs")
     args = ap.parse_args()
-    if args.table:
-        print(markdown_table(args.out))
-        return
-    args.out.mkdir(parents=True, exist_ok=True)
-    arms = [(m, e, s) for s in range(args.seeds) for e in args.eps for m in args.mechs]
-    with ThreadPoolExecutor(args.jobs) as pool:
-        summaries = dict(zip(arms, pool.map(lambda a: one(args.out, *a), arms)))
-    results = {f"{m}/eps{e:g}": [summaries[(m, e, s)] for s in range(args.seeds)] for e in args.eps for m in args.mechs}
-    (args.out / "grid.json").write_text(
-        json.dumps(
-            {
-                k: {
-                    "accuracies": [r["final_eval_accuracy"] for r in rows],
-                    "epsilon": [r["epsilon"] for r in rows],
-                    "noise_multiplier": rows[0]["noise_multiplier"],
-                    "wall_seconds": [r["wall_seconds"] for r in rows],
-                }
-                for k, rows in results.items()
-            },
-            indent=1,
-        )
-    )
+    if not args.table:
+        from fedsim.run.sweep import run_sweep
+
+        resume = (args.out / "tune").exists()
+        run_sweep(HERE / "sweeps" / "mechanism_grid.toml", args.out, resume=resume, only=args.only)
     print(markdown_table(args.out))
 
 

@@ -689,6 +689,9 @@ def sweep(
         Path | None,
         typer.Option("--resume", help="Finish the killed sweep in this folder (only unfinished trials run)."),
     ] = None,
+    only: Annotated[
+        str | None, typer.Option(help="Run only the trials whose name contains this text (e.g. 'seed=0').")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print sweep.json.")] = False,
 ) -> None:
     """Run a sweep on Ray Tune: a base config × named arms × a grid of overrides × seeds.
@@ -701,7 +704,9 @@ def sweep(
     _offline_env()
     from fedsim.run.sweep import json_safe, markdown_table, run_sweep
 
-    result = run_sweep(spec, resume if resume is not None else out, address=address, resume=resume is not None)
+    result = run_sweep(
+        spec, resume if resume is not None else out, address=address, resume=resume is not None, only=only
+    )
     if as_json:
         typer.echo(json.dumps(json_safe(result)))
         return

@@ -47,9 +47,12 @@ from fedsim.config import apply_overrides, config_from_dict, parse_override, rea
 from fedsim.errors import FedsimError
 from fedsim.run.callbacks import RunCallback
 
-#: overrides every trial gets last: the in-process engine with one worker (Tune runs the trials in
-#: parallel, each on its own CPUs).
-TRIAL_ENGINE = ["sim.engine='inprocess'", "sim.num_workers=1"]
+#: overrides every trial gets first (a spec may change them): one worker, so that a trial's numbers
+#: do not depend on the machine's CPU count.
+TRIAL_DEFAULTS = ["sim.num_workers=1"]
+#: overrides every trial gets last: the in-process engine (Tune runs the trials in parallel, each on
+#: its own CPUs).
+TRIAL_ENGINE = ["sim.engine='inprocess'"]
 
 
 class Arm(BaseModel):
@@ -166,7 +169,7 @@ def check_trials(base: Path | None, spec: SweepSpec, items: list[dict[str, Any]]
     for t in items:
         for item in t["sets"]:
             parse_override(item)
-        config_from_dict(apply_overrides(raw, t["sets"] + TRIAL_ENGINE))
+        config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + t["sets"] + TRIAL_ENGINE))
 
 
 def _trial_result(summary: dict[str, Any], metric: str) -> dict[str, Any]:
@@ -226,7 +229,7 @@ def run_trial(config: dict[str, Any]) -> dict[str, Any] | None:
             import shutil
 
             shutil.rmtree(out)
-        cfg = load_config(config["base"], t["sets"] + TRIAL_ENGINE)
+        cfg = load_config(config["base"], TRIAL_DEFAULTS + t["sets"] + TRIAL_ENGINE)
         extra: list[RunCallback] = [_ReportRounds(config["metric"])] if config.get("report_rounds") else []
         summary = run_experiment(cfg, out, progress=False, callbacks=extra)
     result = _trial_result(summary, config["metric"])
@@ -305,7 +308,7 @@ def _search_space(search: Search) -> dict[str, Any]:
 def _trial_cpus(base: Path | None, sets: list[str]) -> float:
     """``sim.client_cpus`` of a trial with overrides ``sets``: its Tune resources."""
     raw = {} if base is None else read_config_file(base)
-    return float(config_from_dict(apply_overrides(raw, sets + TRIAL_ENGINE)).sim.client_cpus)
+    return float(config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + sets + TRIAL_ENGINE)).sim.client_cpus)
 
 
 def _collect(out: Path, items: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
@@ -438,7 +441,7 @@ def _selection_privacy(spec: SweepSpec, base: Path | None) -> dict[str, Any]:
     runs, deltas = [], []
     for arm in dict.fromkeys(t["arm"] for t in trials(spec)):
         sets = next(t["sets"] for t in trials(spec) if t["arm"] == arm)
-        cfg = config_from_dict(apply_overrides(raw, sets + TRIAL_ENGINE))
+        cfg = config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + sets + TRIAL_ENGINE))
         acc = resolve_privacy(cfg, load_federated(cfg.data).population)
         runs.append((acc, cfg.rounds))
         deltas.append(acc.delta)
@@ -478,7 +481,12 @@ def random_trials(spec: SweepSpec, items: list[dict[str, Any]]) -> list[dict[str
 
 
 def run_sweep(
-    spec_path: str | Path, out_dir: str | Path | None = None, *, address: str | None = None, resume: bool = False
+    spec_path: str | Path,
+    out_dir: str | Path | None = None,
+    *,
+    address: str | None = None,
+    resume: bool = False,
+    only: str | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the sweep of ``spec_path`` on Ray Tune and write its outputs.
 
@@ -488,29 +496,57 @@ def run_sweep(
     out_dir : the sweep folder (default ``runs/sweeps/<name>``; with ``resume``, the folder to resume).
     address : join this Ray cluster (``HOST:PORT`` of its head) instead of starting a local Ray.
     resume : finish a killed sweep in ``out_dir``: only its unfinished trials run.
+    only : run only the grid's trials whose name contains this text (e.g. ``blt,`` or ``seed=0``).
 
     Returns the dict written to ``sweep.json``.
     """
-    import os
-
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's own progress tables: off (the table is ours)
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    import ray
-
     spec, base = load_spec(spec_path)
-    if spec.search is not None and (spec.arms or spec.axes or spec.private_selection is not None):
-        raise FedsimError("sweep.search replaces the grid: remove sweep.arms, sweep.axes and sweep.private_selection")
-    items = trials(spec) if spec.search is None else []
-    if spec.private_selection is not None:
-        items = random_trials(spec, items)
-    check_trials(base, spec, items or trials(spec))
+    items = _planned_trials(spec, base, only)
     out = Path(out_dir) if out_dir is not None else Path("runs") / "sweeps" / spec.name
     if out.exists() and not resume and (out / "tune").exists():
         raise FedsimError(f"sweep folder {out} already holds a sweep; pass --resume to finish it, or another --out")
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=1), encoding="utf-8")
     t0 = time.perf_counter()
+    _fit(spec, base, out, items, resume, address)
+    rows = _collect(out, items, spec.metric)
+    if not rows:
+        raise FedsimError(f"no trial of the sweep finished; Tune's logs are under {out / 'tune'}")
+    finished = {r["trial"] for r in rows}
+    # ASHA stops trials early on purpose: those are not "missing"
+    missing = [] if spec.scheduler == "asha" else [t["name"] for t in items if t["name"] not in finished]
+    result = _write_outputs(out, spec, rows, selection_note(spec, arm_table(rows, spec.metric), base))
+    result["wall_seconds"] = time.perf_counter() - t0
+    result["missing"] = missing
+    (out / "sweep.json").write_text(json.dumps(json_safe(result), indent=1), encoding="utf-8")
+    return result
+
+
+def _planned_trials(spec: SweepSpec, base: Path | None, only: str | None) -> list[dict[str, Any]]:
+    """The trials to run (empty for a search, whose trials Tune draws), every config checked."""
+    if spec.search is not None and (spec.arms or spec.axes or spec.private_selection is not None):
+        raise FedsimError("sweep.search replaces the grid: remove sweep.arms, sweep.axes and sweep.private_selection")
+    items = trials(spec) if spec.search is None else []
+    if only is not None:
+        items = [t for t in items if only in t["name"]]
+        if not items:
+            raise FedsimError(f"--only {only!r} matches no trial of the sweep")
+    if spec.private_selection is not None:
+        items = random_trials(spec, items)
+    check_trials(base, spec, items or trials(spec))
+    return items
+
+
+def _fit(
+    spec: SweepSpec, base: Path | None, out: Path, items: list[dict[str, Any]], resume: bool, address: str | None
+) -> None:
+    """Start (or join) Ray and let Tune run the trials."""
     import logging
+    import os
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's own progress tables: off (the table is ours)
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    import ray
 
     ray.init(
         address=address,
@@ -523,14 +559,3 @@ def run_sweep(
         _tuner(spec, base, out.resolve(), items, resume).fit()
     finally:
         ray.shutdown()
-    rows = _collect(out, items, spec.metric)
-    if not rows:
-        raise FedsimError(f"no trial of the sweep finished; Tune's logs are under {out / 'tune'}")
-    missing = [t["name"] for t in items if t["name"] not in {r["trial"] for r in rows}]
-    if spec.scheduler == "asha":  # ASHA stops trials early on purpose: those are not "missing"
-        missing = []
-    result = _write_outputs(out, spec, rows, selection_note(spec, arm_table(rows, spec.metric), base))
-    result["wall_seconds"] = time.perf_counter() - t0
-    result["missing"] = missing
-    (out / "sweep.json").write_text(json.dumps(json_safe(result), indent=1), encoding="utf-8")
-    return result

@@ -52,3 +52,30 @@ def test_simulation_on_a_two_node_ray_cluster(tmp_path):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_on_a_two_node_ray_cluster(tmp_path):
+    """The same sweep spec on a two-node loopback cluster (``fedsim sweep --address``): every trial
+    finishes, and a trial gives the same model as on the local Ray."""
+    from ray.cluster_utils import Cluster
+
+    from fedsim.run.sweep import run_sweep
+
+    spec = tmp_path / "spec.toml"
+    sets = ", ".join(repr(s).replace("'", '"') if "'" not in s else f'"{s}"' for s in BASE if "num_workers" not in s)
+    spec.write_text(
+        f"[sweep]\nname = 'cluster'\nset = [{sets}]\nseeds = [0, 1]\n\n[sweep.axes]\n'client.lr' = [0.5, 1.0]\n"
+    )
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        remote = run_sweep(spec, tmp_path / "remote", address=cluster.address)
+    finally:
+        cluster.shutdown()
+    assert remote["missing"] == [] and len(remote["trials"]) == 4
+    local = run_sweep(spec, tmp_path / "local")
+    assert {t["trial"]: t["model_sha256"] for t in remote["trials"]} == {
+        t["trial"]: t["model_sha256"] for t in local["trials"]
+    }
