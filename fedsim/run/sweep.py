@@ -546,6 +546,9 @@ def _fit(
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's own progress tables: off (the table is ours)
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    # Ray runs its workers at niceness 15; the trials are the work here, so they run at the
+    # priority of the command (a local Ray only; a cluster keeps its own setting)
+    os.environ.setdefault("RAY_worker_niceness", "0")
     import ray
 
     ray.init(
