@@ -194,16 +194,27 @@ def report(
 ) -> None:
     """Redraw each run's plots (and the filter PSD) and print a comparison table of the runs.
 
-    A run with filter.trace_coordinates also gets plots/psd.png."""
+    A run with filter.trace_coordinates also gets plots/psd.png. An audit folder (fedsim audit
+    --attack canary|user-inference) is printed and its plots redrawn; a sweep folder (fedsim sweep)
+    gets accuracy_vs_epsilon.png and arms.png and its table is printed."""
     from fedsim.audit_report import format_text_audit, is_text_audit, plot_text_audit, read_text_audit
     from fedsim.report import comparison_table, format_table, plot_ablation, plot_comparison, plot_run
+    from fedsim.sweep_report import is_sweep, plot_sweep
 
     audits = [d for d in run_dirs if is_text_audit(d)]
     for d in audits:
         plot_text_audit(d)
         if not as_json:
             typer.echo(f"{d}:\n{format_text_audit(read_text_audit(d))}")
-    run_dirs = [d / "run" if d in audits else d for d in run_dirs]
+    sweeps = [d for d in run_dirs if is_sweep(d)]
+    for d in sweeps:
+        for f in plot_sweep(d):
+            typer.echo(f"wrote {f}", err=True)
+        if not as_json:
+            typer.echo(f"{d}:\n{(d / 'table.md').read_text(encoding='utf-8')}")
+    run_dirs = [d / "run" if d in audits else d for d in run_dirs if d not in sweeps]
+    if not run_dirs:
+        return
     for d in run_dirs:
         plot_run(d)
     rows = comparison_table(run_dirs)

@@ -131,6 +131,12 @@ def test_sweep_kill_and_resume_finishes_only_the_missing_trials(tmp_path):
     # a trial's folder is an ordinary run folder: its ε is the ledger's
     ledger = json.loads((out / "trials" / "gauss,client.lr=0.5,seed=0" / "ledger.json").read_text())
     assert ledger["entries"][-1]["epsilon"] == pytest.approx(table["gauss,client.lr=0.5"]["epsilon"])
+    # fedsim report draws the sweep: accuracy against ε over the arms, and the arms' curves
+    r = subprocess.run(
+        [sys.executable, "-m", "fedsim.cli", "report", str(out)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 0 and "| gauss,client.lr=0.5 | 2 |" in r.stdout, r.stderr[-2000:]
+    assert (out / "accuracy_vs_epsilon.png").stat().st_size > 0 and (out / "arms.png").stat().st_size > 0
 
 
 def _rdp(event: dp_event.DpEvent) -> list[float]:
