@@ -1,6 +1,7 @@
 """fedsim.privacy — the DP core: pure functions and small stateful objects, no Flower.
 
-Notation (docs/algorithms.md; names in code follow the right-hand column):
+Notation (docs/algorithms.md; the full table is docs/notation.md; names in code follow the
+right-hand column):
 
 =====================  ==========================  ==========================================
 math                   code                        meaning
