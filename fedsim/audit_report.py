@@ -1,9 +1,10 @@
 """Plots and tables of text-audit folders (``fedsim audit --attack canary|user-inference``).
 
 An audit folder holds ``audit.json``, ``user_inference.npz`` (the users' scores and the ROC
-curve) and ``run/``; :func:`plot_text_audit` draws ``canary_exposure.png`` (exposure by repetition
-level, trained vs initial model) and ``user_inference_roc.png`` (the ROC curve on log axes), and
-:func:`format_text_audit` prints the numbers next to the ledger's ε.
+curve) and ``run/``; :func:`plot_text_audit` draws ``canary_exposure.png`` (exposure by
+repetition level and canary data size, trained vs initial model) and ``user_inference_roc.png``
+(the ROC curve on log axes), and :func:`format_text_audit` prints the numbers next to the
+ledger's ε.
 """
 
 from __future__ import annotations
@@ -36,19 +37,30 @@ def read_text_audit(folder: str | Path) -> dict[str, Any]:
     return report
 
 
+def _cell(level: dict[str, Any]) -> tuple[int, int | None]:
+    """A canary level's cell: (repetitions r, donor data size; None = all)."""
+    return int(level["repetitions"]), level.get("size")
+
+
+def _cell_label(level: dict[str, Any], sized: bool) -> str:
+    r, size = _cell(level)
+    return f"r = {r}" if not sized else f"r = {r}, size {'all' if size is None else size}"
+
+
 def _plot_exposure(ax: Any, canary: dict[str, Any]) -> None:
     levels = canary["by_level"]
-    reps = [lv["repetitions"] for lv in levels]
-    x = np.arange(len(reps))
+    sized = len({_cell(lv)[1] for lv in levels}) > 1
+    x = np.arange(len(levels))
     trained = [lv["mean_exposure"] for lv in levels]
-    initial = [lv["mean_exposure"] for lv in canary.get("initial_model", [])] or [np.nan] * len(reps)
+    init = {_cell(lv): lv["mean_exposure"] for lv in canary.get("initial_model", [])}
+    initial = [init.get(_cell(lv), np.nan) for lv in levels]
     ax.bar(x - 0.2, trained, 0.4, label="trained model")
     ax.bar(x + 0.2, initial, 0.4, label="initial model (chance)")
     for i, lv in enumerate(levels):
-        pts = [c["exposure"] for c in canary["canaries"] if c["repetitions"] == lv["repetitions"]]
+        pts = [c["exposure"] for c in canary["canaries"] if _cell(c) == _cell(lv)]
         ax.plot([x[i] - 0.2] * len(pts), pts, "k.", ms=4)
     ax.axhline(np.log2(canary["n_references"] + 1), color="grey", ls=":", lw=1, label="maximum (rank 1)")
-    ax.set_xticks(x, [f"r = {r}" for r in reps])
+    ax.set_xticks(x, [_cell_label(lv, sized) for lv in levels], fontsize=8 if sized else None)
     ax.set_ylabel("exposure (bits)")
     ax.set_title(f"secret-sharer canaries ({canary['n_references']} references)")
     ax.legend(fontsize=8)
@@ -108,12 +120,13 @@ def format_text_audit(report: dict[str, Any]) -> str:
     ]
     if "canary" in report:
         c = report["canary"]
-        init = {lv["repetitions"]: lv["mean_exposure"] for lv in c.get("initial_model", [])}
+        init = {_cell(lv): lv["mean_exposure"] for lv in c.get("initial_model", [])}
+        sized = len({_cell(lv)[1] for lv in c["by_level"]}) > 1
         for lv in c["by_level"]:
             ext = lv.get("mean_extrapolated_exposure")
             lines.append(
-                f"canaries r = {lv['repetitions']}: exposure {lv['mean_exposure']:.2f} bits "
-                f"(initial model {init.get(lv['repetitions'], float('nan')):.2f}; "
+                f"canaries {_cell_label(lv, sized)}: exposure {lv['mean_exposure']:.2f} bits "
+                f"(initial model {init.get(_cell(lv), float('nan')):.2f}; "
                 f"extrapolated {'–' if ext is None else f'{ext:.2f}'}; {lv['canaries']} canaries)"
             )
     if "user_inference" in report:

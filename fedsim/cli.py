@@ -592,9 +592,13 @@ def audit(
     ] = "1,4,16",
     secret_length: Annotated[int, typer.Option(help="canary: characters or words per secret.")] = 8,
     canary_size: Annotated[
-        int | None,
-        typer.Option(help="canary: donor text each canary keeps (characters, or sentences); default all of it."),
-    ] = None,
+        str,
+        typer.Option(
+            help="canary: canary-user data sizes, comma-separated: donor text each canary keeps (characters, "
+            "or sentences) besides its secrets; 'all' keeps all of it. The canaries cycle through "
+            "repetitions × sizes."
+        ),
+    ] = "all",
     references: Annotated[int, typer.Option(help="canary: random reference secrets per canary.")] = 10_000,
     held_out: Annotated[int, typer.Option(help="user-inference: held-out users (and as many held-in targets).")] = 40,
     alpha: Annotated[float, typer.Option("--alpha", help="The bootstrap interval has confidence 1 − alpha.")] = 0.05,
@@ -658,7 +662,7 @@ def _text_audit_options(
     canaries: int | None,
     repetitions: str,
     secret_length: int,
-    size: int | None,
+    sizes: str,
     references: int,
     held_out: int,
 ) -> Any:
@@ -669,11 +673,17 @@ def _text_audit_options(
         reps = tuple(int(r) for r in repetitions.split(","))
     except ValueError:
         raise FedsimError(f"--repetitions {repetitions!r}: give integers separated by commas, e.g. 1,4,16") from None
+    try:
+        size_levels = tuple(None if v.strip() == "all" else int(v) for v in sizes.split(","))
+    except ValueError:
+        raise FedsimError(
+            f"--canary-size {sizes!r}: give integers or 'all' separated by commas, e.g. 100,400,all"
+        ) from None
     return TextAuditOptions(
         attacks=attacks,
         num_canaries=12 if canaries is None else canaries,
         repetitions=reps,
-        size=size,
+        sizes=size_levels,
         secret_length=secret_length,
         references=references,
         held_out=held_out,

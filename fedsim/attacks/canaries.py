@@ -337,7 +337,9 @@ def make_canary_set(
         positions = _positions(data.task, r, n, copy_len, np.random.default_rng([seed, _POSITIONS, k]))
         num_train = n + r if data.task == "nwp" else n + r * copy_len - w
         if num_train < 1:
-            raise FedsimError(f"canary {k}: {n} donor characters and {r} copies make no window of {w}; raise sizes")
+            raise FedsimError(
+                f"canary {k}: {n} donor characters and {r} copies make no window of {w}; raise the canary size (--canary-size)"
+            )
         canaries.append(Canary(k, donor, str(names[donor]), r, size, secret, positions, num_train))
     return CanarySet(
         data.task, seed, secret_length, **space, source_population=data.population, canaries=tuple(canaries)

@@ -54,9 +54,10 @@ class TextAuditOptions:
     attacks : some of ``canary``, ``user-inference``.
     num_canaries : ``M``, canary users (cycling through the repetition levels). Default 12.
     repetitions : ``r`` levels: copies of the secret in a canary's text. Default (1, 4, 16).
-    size : donor data a canary keeps (characters, or sentences for Stack Overflow) besides its
-        secrets; None keeps all of it. Smaller means the secret is a larger share of the canary's
-        data. Default None.
+    sizes : canary-user data sizes: donor data a canary keeps (characters, or sentences for Stack
+        Overflow) besides its secrets, one per level; None keeps all of it. Smaller means the
+        secret is a larger share of the canary's data. The canaries cycle through the cells
+        repetitions × sizes. Default (None,).
     secret_length : characters (Shakespeare) or words (Stack Overflow) per secret. Default 8.
     references : random reference secrets each canary is ranked among. Default 10000.
     held_out : user inference: held-out users, and as many held-in targets. Default 40.
@@ -69,7 +70,7 @@ class TextAuditOptions:
     attacks: tuple[str, ...] = TEXT_ATTACKS
     num_canaries: int = 12
     repetitions: tuple[int, ...] = (1, 4, 16)
-    size: int | None = None
+    sizes: tuple[int | None, ...] = (None,)
     secret_length: int = 8
     references: int = 10_000
     held_out: int = 40
@@ -86,6 +87,8 @@ class TextAuditOptions:
             raise FedsimError("--canaries ≥ 1, --references ≥ 10, --held-out ≥ 2 and --max-examples ≥ 1 are needed")
         if not all(r >= 1 for r in self.repetitions):
             raise FedsimError(f"--repetitions must be integers ≥ 1 (got {list(self.repetitions)})")
+        if not self.sizes or not all(s is None or s >= 1 for s in self.sizes):
+            raise FedsimError(f"--canary-size must be integers ≥ 1 or 'all' (got {list(self.sizes)})")
 
 
 def audit_view(cfg: Config, base: FederatedData, opts: TextAuditOptions, seed: int) -> tuple[AuditView, Any]:
@@ -108,7 +111,7 @@ def audit_view(cfg: Config, base: FederatedData, opts: TextAuditOptions, seed: i
     if "canary" in opts.attacks:
         exclude = () if split is None else split.held_in + split.held_out
         canaries = make_canary_set(
-            base, opts.num_canaries, opts.repetitions, (opts.size,), opts.secret_length, seed, exclude=exclude
+            base, opts.num_canaries, opts.repetitions, opts.sizes, opts.secret_length, seed, exclude=exclude
         )
     return AuditView(canaries, held_out), split
 

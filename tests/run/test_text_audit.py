@@ -61,8 +61,8 @@ def test_the_built_run_accounts_the_audit_population_and_evaluates_real_users_on
 
 def test_canary_and_user_inference_audit_end_to_end(tmp_path, capsys):
     out = tmp_path / "audit"
-    args = ["audit", "--attack", "canary", "--attack", "user-inference", "--out", str(out), "--canaries", "6"]
-    args += ["--held-out", "8", "--references", "300", "--repetitions", "1,16", "--json"]
+    args = ["audit", "--attack", "canary", "--attack", "user-inference", "--out", str(out), "--canaries", "8"]
+    args += ["--held-out", "8", "--references", "300", "--repetitions", "1,16", "--canary-size", "120,all", "--json"]
     for s in SMALL:
         args += ["--set", s]
     code, stdout, _ = run_cli(capsys, *args)
@@ -71,9 +71,10 @@ def test_canary_and_user_inference_audit_end_to_end(tmp_path, capsys):
     assert rep == json.loads((out / "audit.json").read_text())
     assert rep["kind"] == "text-audit" and rep["neighboring_relation"] == "add_or_remove_one"
     ledger = json.loads((out / "run" / "ledger.json").read_text())
-    assert rep["population"] == ledger["spec"]["population"] == 60 - 8  # 6 donors out, 6 canaries in
+    assert rep["population"] == ledger["spec"]["population"] == 60 - 8  # 8 donors out, 8 canaries in
     canary = rep["canary"]
-    assert len(canary["canaries"]) == 6 and [lv["repetitions"] for lv in canary["by_level"]] == [1, 16]
+    cells = [(lv["repetitions"], lv["size"], lv["canaries"]) for lv in canary["by_level"]]
+    assert len(canary["canaries"]) == 8 and cells == [(1, 120, 2), (16, 120, 2), (1, None, 2), (16, None, 2)]
     for c in canary["canaries"]:
         assert 1 <= c["rank"] <= 301 and 0 <= c["exposure"] <= np.log2(301) + 1e-9
     ui = rep["user_inference"]
@@ -84,4 +85,11 @@ def test_canary_and_user_inference_audit_end_to_end(tmp_path, capsys):
     assert 0.0 <= lb["epsilon_lb"] <= float(rep["ledger_epsilon"])  # a DP run: the bound stays below ε
     assert (out / "canary_exposure.png").stat().st_size > 0 and (out / "user_inference_roc.png").stat().st_size > 0
     code, stdout, _ = run_cli(capsys, "report", str(out))
-    assert code == 0 and "user inference: AUC" in stdout and "canaries r = 16" in stdout
+    assert code == 0 and "user inference: AUC" in stdout and "canaries r = 16, size 120" in stdout
+
+
+@pytest.mark.parametrize("sizes", ["0,all", "40;80", "many"])
+def test_bad_canary_sizes_are_refused_before_training(tmp_path, capsys, sizes):
+    args = ["audit", "--attack", "canary", "--out", str(tmp_path / "a"), "--canary-size", sizes]
+    code, _, err = run_cli(capsys, *args, "--set", "rounds=2")
+    assert code == 2 and "--canary-size" in err and not (tmp_path / "a").exists()
