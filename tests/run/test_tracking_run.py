@@ -33,7 +33,7 @@ def _rows(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_run_writes_every_row_to_tensorboard_and_mlflow(tmp_path):
+def test_a_run_writes_every_row_to_tensorboard_and_mlflow(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     uri = f"file:{tmp_path / 'mlruns'}"
@@ -46,7 +46,9 @@ def test_a_run_writes_every_row_to_tensorboard_and_mlflow(tmp_path):
     eps = acc.Scalars("epsilon")
     assert [e.step for e in eps] == [r["round"] for r in rows]
     assert [e.value for e in eps] == pytest.approx([r["epsilon"] for r in rows], rel=1e-6)
-    mlflow.set_tracking_uri(uri)
+    # Read through the environment, as a user's shell would; monkeypatch undoes it, so the
+    # store does not leak into later tests (a global ``mlflow.set_tracking_uri`` would).
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     runs = mlflow.search_runs(search_all_experiments=True)
     assert len(runs) == 1 and runs.iloc[0]["params.privacy.noise_multiplier"] == "1.0"
     hist = mlflow.tracking.MlflowClient().get_metric_history(runs.iloc[0]["run_id"], "epsilon")
