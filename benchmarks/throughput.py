@@ -120,7 +120,7 @@ params = list(model.parameters())
 x = torch.nn.utils.parameters_to_vector(params).detach().clone()
 rng = np.random.default_rng(0)
 gen = torch.Generator().manual_seed(0)
-N, K, c, z = data.population, cfg.sampling.cohort_size, cfg.client.clip_norm, cfg.privacy.noise_multiplier
+N, K, c, z = data.population, int(cfg.sampling.cohort_size), cfg.client.clip_norm, cfg.privacy.noise_multiplier
 B, lr, m = cfg.client.batch_size, cfg.client.lr, cfg.client.max_examples
 t0 = time.perf_counter(); rounds = []
 for t in range(cfg.rounds):
@@ -172,7 +172,7 @@ from fedsim.data import load_federated
 from fedsim.models import make_model
 from fedsim.seeding import derive_seed
 cfg = load_config(None, json.loads(sys.argv[1]))
-N, K = cfg.data.num_clients if cfg.data.name == "synthetic" else None, cfg.sampling.cohort_size
+N, K = cfg.data.num_clients if cfg.data.name == "synthetic" else None, int(cfg.sampling.cohort_size)
 
 def build():
     data = load_federated(cfg.data)

@@ -165,7 +165,30 @@ def test_epsilon_curve_equals_epsilon(kw):
         assert rel(curve(t), epsilon(s, t)) < 1e-8
 
 
-# --- monotonicity ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"accountant": "rdp"},
+        {"scheme": "fixed", "noise_multiplier": 1.0},
+        {"scheme": "fixed", "noise_multiplier": 0.6, "cohort_size": 50},
+        {"mechanism": "blt", "scheme": "min_sep", "min_sep": 4, "amplified": True, "accountant": "rdp"},
+    ],
+    ids=["poisson-rdp", "fixed-rdp", "fixed-rdp-q0.5", "mf-amplified-rdp"],
+)
+def test_rdp_curve_is_bit_identical_to_a_fresh_accountant(kw):
+    """The cached RDP curve scales one composition's RDP by t; a fresh RdpAccountant
+    composes SelfComposedDpEvent(event, t) from zero. Same float, every round — in any
+    order of asking (a resumed run asks for round 37 first)."""
+    s = spec(**kw)
+    curve = EpsilonCurve(s)
+    for t in (37, 1, 2, 3, 5, 8, 100, 36):
+        fresh = s.make_accountant()
+        fresh.compose(s.run_event(t))
+        assert curve(t) == fresh.get_epsilon(s.delta), t
+    assert curve._rdp_one is not None  # the fast path ran, not the fallback
+
+
+# --- monotonicity# --- monotonicity ------------------------------------------------------------------
 
 
 def test_epsilon_increasing_in_rounds_pld():
