@@ -30,8 +30,14 @@ Usage::
     python benchmarks/throughput.py [--workloads w2 w1] [--rounds 20] [--reps 2] [--quick] [--json]
 
 ``--json`` prints rows ``{"system", "workload", "per_round_s", "total_s", "first_round_s",
-"peak_rss_mb", "ratio_to_floor", "load_avg"}`` (medians over repetitions). pfl-research is not
-run by this script (it needs its own environment: it pins ``dp-accounting`` 0.5.1).
+"peak_rss_mb", "ratio_to_floor", "load_avg"}`` (medians over repetitions).
+
+pfl-research rows (``pfl``: one process; ``pfl-2workers``: pfl's own two-worker simulation under
+``torchrun``) run in pfl's own environment (it pins ``dp-accounting`` 0.5.1): build it once with
+``bash benchmarks/pfl_env.sh``. The workload is exported with fedsim's loaders (every user's ``m``
+training samples, the same model from ``fedsim.models``) and trained by ``benchmarks/pfl_worker.py``:
+``K`` users, local SGD, per-user clipping and central Gaussian noise (pfl's ``GaussianMechanism``
+applied centrally), server SGD. pfl computes no ε here either.
 """
 
 from __future__ import annotations
@@ -221,6 +227,35 @@ print(json.dumps({"rounds": rounds, "total_s": time.perf_counter() - t0,
 """
 
 
+#: exports a workload for pfl (benchmarks/pfl_worker.py): every user's m training samples (a fixed
+#: random subset, the same count fedsim and the floor train per round), the model and DP settings.
+EXPORT = r"""
+import json, sys
+import numpy as np, torch
+from fedsim.config import load_config
+from fedsim.data import load_federated
+from fedsim.seeding import derive_seed
+cfg = load_config(None, json.loads(sys.argv[1]))
+data = load_federated(cfg.data)
+rng = np.random.default_rng(0)
+users = []
+for u in range(data.population):
+    idx = np.sort(rng.permutation(data.num_train(u))[: cfg.client.max_examples])
+    users.append(tuple(t.clone() for t in data.train_samples(u, idx)))
+meta = {"model": cfg.model.name, "dims": data.model_dims(), "seed": derive_seed(cfg.seed, "model"),
+        "loss": "nwp" if cfg.data.name == "stackoverflow_nwp" else "ce", "rounds": cfg.rounds,
+        "cohort": int(cfg.sampling.cohort_size), "lr": cfg.client.lr, "batch_size": cfg.client.batch_size,
+        "clip_norm": cfg.client.clip_norm, "noise_multiplier": cfg.privacy.noise_multiplier,
+        "server_lr": cfg.server.lr}
+torch.save({"meta": meta, "users": users}, sys.argv[2])
+print(json.dumps({"users": len(users)}))
+"""
+#: pfl-research rows: system name → worker processes (torchrun when more than one).
+PFL_SYSTEMS = {"pfl": 1, "pfl-2workers": 2}
+#: pfl's environment (benchmarks/pfl_env.sh builds it).
+PFL_PYTHON = Path(__file__).resolve().parent.parent / ".venv-pfl" / "bin" / "python"
+
+
 def _run(code: str, overrides: list[str], out: str | None = None) -> dict:
     env = {
         **os.environ,
@@ -239,12 +274,32 @@ def _run(code: str, overrides: list[str], out: str | None = None) -> dict:
     return res
 
 
+def _run_pfl(workload_file: Path, workers: int) -> dict:
+    """pfl-research on an exported workload: one process, or ``workers`` torchrun processes."""
+    if not PFL_PYTHON.exists():
+        raise SystemExit("pfl rows need pfl's own environment: run `bash benchmarks/pfl_env.sh` once")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PFL_PYTHON.parents[2])}
+    worker = str(Path(__file__).resolve().parent / "pfl_worker.py")
+    if workers == 1:
+        args = [str(PFL_PYTHON), worker, str(workload_file)]
+    else:
+        torchrun = str(PFL_PYTHON.parent / "torchrun")
+        args = [torchrun, "--standalone", f"--nproc_per_node={workers}", worker, str(workload_file)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    res = json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{")))
+    res["wall_s"] = time.perf_counter() - t0
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", nargs="+", default=["w2", "w1"], choices=list(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--systems", nargs="+", default=["floor", *SYSTEMS, "flower"])
+    ap.add_argument("--systems", nargs="+", default=["floor", *SYSTEMS, "flower", *PFL_SYSTEMS])
     ap.add_argument("--quick", action="store_true", help="5 rounds, 1 repetition")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -260,12 +315,17 @@ def main() -> None:
         for wl in args.workloads:
             base = [o.format(so_root=so_root) for o in WORKLOADS[wl]] + COMMON + [f"rounds={rounds}"]
             per: dict[str, list[dict]] = {s: [] for s in args.systems}
+            exported = Path(tmp) / f"{wl}.pt"
+            if any(s in PFL_SYSTEMS for s in args.systems):
+                _run(EXPORT, base, str(exported))
             for rep in range(reps):
                 for system in args.systems:
                     if system == "floor":
                         res = _run(FLOOR, base)
                     elif system == "flower":
                         res = _run(FLOWER, base)
+                    elif system in PFL_SYSTEMS:
+                        res = _run_pfl(exported, PFL_SYSTEMS[system])
                     else:
                         res = _run(FEDSIM, base + SYSTEMS[system], str(Path(tmp) / f"{wl}-{system}-{rep}"))
                     res["load_avg"] = os.getloadavg()[0]
