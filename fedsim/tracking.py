@@ -39,6 +39,7 @@ import json
 import numbers
 import os
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -194,7 +195,7 @@ def _step(row: Mapping[str, Any]) -> int:
 # the shared part
 
 
-class BaseTracker:
+class BaseTracker(ABC):
     """State, resume and row handling shared by the trackers; subclasses write the values.
 
     A subclass sets :attr:`name` and implements ``_open`` (after the state is loaded; returns
@@ -313,14 +314,17 @@ class BaseTracker:
         write_state(self.run_dir, self.name, self._state)
 
     # subclass hooks
+    @abstractmethod
     def _open(self, config: Mapping[str, Any], params: dict[str, Any], done: int) -> int:
-        raise NotImplementedError
+        """Open the backend's run; return how many rounds it already holds."""
 
+    @abstractmethod
     def _write(self, step: int, scalars: dict[str, float]) -> None:
-        raise NotImplementedError
+        """Write one round's scalars at ``step``."""
 
+    @abstractmethod
     def _close(self, summary: Mapping[str, Any] | None, status: str) -> None:
-        raise NotImplementedError
+        """Close the backend's run with ``status``."""
 
 
 # --------------------------------------------------------------------------------------------
