@@ -17,6 +17,7 @@ when called from another thread (the caller then keeps Python's default behaviou
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -142,12 +143,17 @@ def _alive(pid: int) -> bool:
 
 @contextmanager
 def stop_on_signals(
-    request: StopRequest, resume_hint: str, spare: set[int] | frozenset[int] = frozenset()
+    request: StopRequest,
+    resume_hint: str,
+    spare: set[int] | frozenset[int] = frozenset(),
+    silence: tuple[str, ...] = (),
 ) -> Iterator[StopRequest]:
     """Within the block, SIGINT and SIGTERM ask ``request`` to stop; a second one kills every
     descendant process and exits at once with ``128 + signal``, printing one line that names
     ``resume_hint`` (the command that resumes the run); processes in ``spare`` are left alone.
-    The previous handlers come back after.
+    ``silence`` names loggers (e.g. ``"ray"``) muted from the first signal on: a runtime torn
+    down mid-task logs tracebacks that are not the user's to act on. The caller restores their
+    levels once the teardown is over. The previous handlers come back after.
     Outside the main thread this yields ``request`` and installs nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield request
@@ -169,6 +175,8 @@ def stop_on_signals(
             finally:
                 os._exit(128 + signum)
         request.request(signum)
+        for name in silence:
+            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
         if request.notice is not None:
             request.notice(signal.Signals(signum).name)
 

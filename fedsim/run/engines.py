@@ -93,11 +93,13 @@ def execute(run: Run, strategy: Any, client_app: Any, stop: StopRequest, resume_
     deployment = run.deployment
     ray_engine = deployment is None and run.engine == "ray"
     ours = set(descendants())  # processes that are not this run's (kept on a stop)
+    silence = ("ray",) if ray_engine else ()
+    levels = {name: logging.getLogger(name).level for name in silence}
     try:
         if ray_engine:
             init_args, backend_config = _ray_backend_config(run)
             _start_ray(init_args)  # here, so that the stop handlers below replace Ray's own
-        with stop_on_signals(stop, resume_hint, spare=ours):
+        with stop_on_signals(stop, resume_hint, spare=ours, silence=silence):
             if deployment is not None:
                 strategy.run(deployment.grid)
             elif run.engine == "inprocess":
@@ -117,7 +119,11 @@ def execute(run: Run, strategy: Any, client_app: Any, stop: StopRequest, resume_
                     backend_config=backend_config,
                 )
     finally:
-        if ray_engine:
-            _stop_ray()
+        try:
+            if ray_engine:
+                _stop_ray()
+        finally:
+            for name, level in levels.items():  # muted by a stop signal during Ray's teardown
+                logging.getLogger(name).setLevel(level)
     if stop.requested and deployment is None:
         kill_descendants(grace=3.0, spare=ours)
