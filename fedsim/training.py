@@ -84,7 +84,11 @@ def isolated_clip(delta: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, 
     ``finite = False``. The dtype of ``Δ`` is kept (the worker's float32 sum casts it)."""
     clipped, norm = clip_vector(delta, clip_norm)
     out = clipped.detach().cpu()
-    if not is_finite_norm(norm) or not bool(torch.isfinite(out.to(torch.float32)).all()):
+    if not is_finite_norm(norm):
+        return torch.zeros_like(out), math.inf, False
+    # A finite float32 (or narrower) vector scaled by at most 1 stays finite; a wider dtype can
+    # still overflow the float32 cast, so only then is every entry checked.
+    if out.dtype == torch.float64 and not bool(torch.isfinite(out.to(torch.float32)).all()):
         return torch.zeros_like(out), math.inf, False
     return out, norm, True
 

@@ -42,6 +42,38 @@ def test_clip_of_a_nonfinite_vector_is_zero():
         assert torch.equal(out, torch.zeros_like(bad)) and norm == float("inf")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("poison", ["nan", "inf", "-inf"])
+def test_one_poisoned_entry_anywhere_zeroes_the_update(dtype, poison):
+    """The finiteness test is the float64 norm alone (no entrywise pass): one NaN or ±inf at any
+    position of a large vector — first, last, middle — still gives zeros and an infinite norm,
+    and so does a float64 vector of finite entries whose sum of squares overflows."""
+    from fedsim.training import isolated_clip
+
+    n = 100_003
+    for pos in (0, n // 2, n - 1):
+        v = torch.randn(n, generator=torch.Generator().manual_seed(pos)).to(dtype)
+        v[pos] = float(poison)
+        out, norm = clip_vector(v, 1.0)
+        assert norm == float("inf") and not out.any() and out.dtype == dtype
+        out, norm, finite = isolated_clip(v, 1.0)
+        assert not finite and norm == float("inf") and not out.any()
+    huge = torch.full((4,), 1e200, dtype=torch.float64)  # every entry finite, ‖v‖² overflows
+    assert clip_vector(huge, 1.0)[1] == float("inf")
+
+
+def test_a_float64_update_that_overflows_the_float32_cast_is_zeroed():
+    """Entries within float64 but beyond float32 after clipping (c above float32's max): the
+    worker's float32 sum would hold inf, so the update is zeroed instead."""
+    from fedsim.training import isolated_clip
+
+    v = torch.tensor([1e39, -1e39], dtype=torch.float64)
+    out, norm, finite = isolated_clip(v, 1e40)  # not clipped: ‖v‖ < c
+    assert not finite and norm == float("inf") and not out.any()
+    out, norm, finite = isolated_clip(v, 1.0)  # clipped to norm 1: fine in float32
+    assert finite and torch.isfinite(out.to(torch.float32)).all()
+
+
 @pytest.mark.parametrize("path", ["sequential", "vectorized"])
 def test_a_hostile_user_leaves_the_other_users_contributions_unchanged(path):
     data, model, x0 = _setup()
