@@ -19,7 +19,7 @@ Gaussian noise, step — the same users and DP steps as fedsim), ``fedsim-inproc
 worker, no Ray; vectorized where the model allows), ``fedsim-inprocess-seq`` (vectorization
 off), ``fedsim-ray`` (two Ray workers). The floor computes no ε; fedsim runs with
 ``privacy.account_every`` past the last round (ε once, at the end), and
-``fedsim-inprocess-eps-every-round`` shows the cost of a PLD ε after every round; ``flower``
+``fedsim-inprocess-eps-every-round`` shows the cost of ε after every round (RDP: the cohorts are fixed); ``flower``
 (Flower 1.41's own ``FedAvg`` wrapped in ``DifferentialPrivacyServerSideFixedClipping``, a
 quickstart-style ClientApp with one SuperNode per user, Ray with 2 actors; its rounds are timed
 with the strategy's ``evaluate_fn`` hook). Each repetition runs every system once, in turn, so
