@@ -94,11 +94,12 @@ def execute(run: Run, strategy: Any, client_app: Any, stop: StopRequest, resume_
     ray_engine = deployment is None and run.engine == "ray"
     ours = set(descendants())  # processes that are not this run's (kept on a stop)
     silence = ("ray",) if ray_engine else ()
-    levels = {name: logging.getLogger(name).level for name in silence}
+    levels: dict[str, int] = {}  # the muted loggers' levels as Ray set them, restored after teardown
     try:
         if ray_engine:
             init_args, backend_config = _ray_backend_config(run)
             _start_ray(init_args)  # here, so that the stop handlers below replace Ray's own
+        levels = {name: logging.getLogger(name).level for name in silence}
         with stop_on_signals(stop, resume_hint, spare=ours, silence=silence):
             if deployment is not None:
                 strategy.run(deployment.grid)
