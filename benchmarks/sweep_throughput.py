@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import COMMON, WORKLOADS
+from throughput import COMMON, WORKLOADS, bench_env
 
 AXES = {"client.lr": [0.05, 0.1, 0.2, 0.5], "server.lr": [0.5, 1.0, 2.0]}
 SEEDS = [0, 1, 2]
@@ -45,15 +45,7 @@ def _spec(rounds: int, axes: dict[str, list[float]], seeds: list[int]) -> str:
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "RAY_TMPDIR": str(tmp / "ray"),
-        "FLWR_HOME": str(tmp / "flwr"),
-    }
+    return bench_env(RAY_TMPDIR=str(tmp / "ray"), FLWR_HOME=str(tmp / "flwr"))
 
 
 def _fedsim() -> list[str]:

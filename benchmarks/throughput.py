@@ -256,14 +256,21 @@ PFL_SYSTEMS = {"pfl": 1, "pfl-2workers": 2}
 PFL_PYTHON = Path(__file__).resolve().parent.parent / ".venv-pfl" / "bin" / "python"
 
 
-def _run(code: str, overrides: list[str], out: str | None = None) -> dict:
-    env = {
+def bench_env(**extra: str) -> dict[str, str]:
+    """The environment of every benchmarked process: one BLAS thread, no telemetry, no network,
+    plus ``extra``."""
+    return {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "FLWR_TELEMETRY_ENABLED": "0",
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
+        **extra,
     }
+
+
+def _run(code: str, overrides: list[str], out: str | None = None) -> dict:
+    env = bench_env()
     args = [sys.executable, "-c", code, json.dumps(overrides)] + ([out] if out else [])
     t0 = time.perf_counter()
     proc = subprocess.run(args, capture_output=True, text=True, env=env)
@@ -278,7 +285,7 @@ def _run_pfl(workload_file: Path, workers: int) -> dict:
     """pfl-research on an exported workload: one process, or ``workers`` torchrun processes."""
     if not PFL_PYTHON.exists():
         raise SystemExit("pfl rows need pfl's own environment: run `bash benchmarks/pfl_env.sh` once")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PFL_PYTHON.parents[2])}
+    env = bench_env(PYTHONPATH=str(PFL_PYTHON.parents[2]))
     worker = str(Path(__file__).resolve().parent / "pfl_worker.py")
     if workers == 1:
         args = [str(PFL_PYTHON), worker, str(workload_file)]
