@@ -1,93 +1,114 @@
-"""Can recurrent users be batched on CPU? A grouped-weights LSTM against ``nn.LSTM`` user by user.
+"""Batched LSTM users against ``nn.LSTM`` user by user, on this machine's CPU (or a GPU).
 
 W1's shape (LEAF's character LSTM: embedding 8, two LSTM layers of 256, 80 characters, batch 8)
-for ``U`` = 20 users, each with its own weights (as in a round: users diverge after their first
-local step). One forward and backward pass of one batch per user, timed two ways in the same
-process on one thread:
+and the SO LSTM shape (embedding 96, LSTM 670, 20 tokens, batch 16), for ``U`` users, each
+with its own weights (as in a round: users diverge after their first local step). One forward
+and backward pass of one batch per user, timed two ways in the same process:
 
-- ``sequential``: ``nn.LSTM`` user by user (what fedsim's in-process engine and the floor do;
-  on CPU, torch runs it as one fused oneDNN kernel per layer);
-- ``batched``: the users' weights stacked, one LSTM over users × batch written from ``bmm`` and
-  element-wise gates (the only way to give every user its own recurrent weights in one call),
-  the input projection of all time steps in one ``einsum``.
+- ``sequential``: the fused ``nn.LSTM`` user by user (what fedsim does by default on a CPU,
+  and what the floor does);
+- ``batched``: what ``sim.vectorize`` does for LSTM models: ``vmap`` over the users' stacked
+  weights of the model's :class:`~fedsim.models.stepwise_lstm.StepwiseLSTM` twin.
 
-The batched losses are first checked equal to the sequential ones (so the timing compares the
-same computation). Usage: ``python benchmarks/lstm_batching.py [--users 20] [--reps 4]``.
+The per-user losses and gradients are first checked equal (so the timing compares the same
+computation). Usage::
+
+    python benchmarks/lstm_batching.py [--users 20] [--reps 3] [--device cpu] [--threads 1] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
 import torch
+from torch.func import functional_call, vmap
+
+from fedsim.models import make_model
+from fedsim.models.stepwise_lstm import stepwise_twin
+
+#: name → (model, dims, sequence length, batch, loss over the model's output)
+SHAPES = {
+    "w1": ("shakespeare_lstm", 80, 80, 8, "last"),
+    "so_lstm": ("so_nwp_lstm", {"num_classes": 10004}, 20, 16, "every"),
+}
+
+
+def _loss(out: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "last":
+        return torch.nn.functional.cross_entropy(out, y)
+    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def measure(shape: str, users: int, reps: int, device: str) -> dict:
+    """Median seconds of one fwd+bwd batch for ``users`` users, both ways, and their ratio."""
+    name, dims, steps, batch, kind = SHAPES[shape]
+    torch.manual_seed(0)
+    model = make_model(name, dims, seed=0).to(device)
+    twin = stepwise_twin(model)
+    classes = model.head.out_features
+    x = torch.randint(0, classes, (users, batch, steps), device=device)
+    y = torch.randint(0, classes, (users, batch) if kind == "last" else (users, batch, steps), device=device)
+    stacked = {n: p.detach() + 0.01 * torch.randn(users, *p.shape, device=device) for n, p in model.named_parameters()}
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def sequential() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        losses, grads = [], []
+        for u in range(users):
+            own = {n: v[u].clone().requires_grad_(True) for n, v in stacked.items()}
+            lo = _loss(functional_call(model, own, (x[u],)), y[u], kind)
+            grads.append(torch.autograd.grad(lo, list(own.values()))[0])
+            losses.append(lo.detach())
+        return torch.stack(losses), grads
+
+    per_user = vmap(lambda p, xb, yb: _loss(functional_call(twin, p, (xb,)), yb, kind))
+
+    def batched() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        leaves = {n: v.clone().requires_grad_(True) for n, v in stacked.items()}
+        lo = per_user(leaves, x, y)
+        first = torch.autograd.grad(lo.sum(), list(leaves.values()))[0]
+        return lo.detach(), list(first)
+
+    (la, ga), (lb, gb) = sequential(), batched()
+    torch.testing.assert_close(lb, la, rtol=1e-4, atol=1e-5)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+    times: dict[str, list[float]] = {"sequential": [], "batched": []}
+    for _ in range(reps):
+        for label, fn in (("sequential", sequential), ("batched", batched)):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[label].append(time.perf_counter() - t0)
+    s, b = statistics.median(times["sequential"]), statistics.median(times["batched"])
+    return {"shape": shape, "users": users, "device": device, "sequential_s": s, "batched_s": b, "ratio": b / s}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--users", type=int, default=20)
-    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--json", action="store_true", help="print one JSON row per shape")
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    U, B, L, E, H, V = args.users, 8, 80, 8, 256, 80
-    torch.manual_seed(0)
-    models = [
-        (torch.nn.Embedding(V, E), torch.nn.LSTM(E, H, num_layers=2, batch_first=True), torch.nn.Linear(H, V))
-        for _ in range(U)
-    ]
-    x, y = torch.randint(0, V, (U, B, L)), torch.randint(0, V, (U, B))
-
-    def sequential() -> torch.Tensor:
-        losses = []
-        for u, (emb, lstm, head) in enumerate(models):
-            h, _ = lstm(emb(x[u]))
-            lo = torch.nn.functional.cross_entropy(head(h[:, -1]), y[u])
-            torch.autograd.grad(lo, [*emb.parameters(), *lstm.parameters(), *head.parameters()])
-            losses.append(lo.detach())
-        return torch.stack(losses)
-
-    def stack(get):
-        return torch.stack([get(m) for m in models]).detach().requires_grad_(True)
-
-    w_emb = stack(lambda m: m[0].weight)
-    layers = [
-        [
-            stack(lambda m, n=n, k=k: getattr(m[1], f"{n}_l{k}"))
-            for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-        ]
-        for k in range(2)
-    ]
-    w_head, b_head = stack(lambda m: m[2].weight), stack(lambda m: m[2].bias)
-
-    def batched() -> torch.Tensor:
-        inp = torch.stack([w_emb[u][x[u]] for u in range(U)])  # (U, B, L, E)
-        for w_ih, w_hh, b_ih, b_hh in layers:
-            proj = torch.einsum("ubli,ugi->ublg", inp, w_ih) + (b_ih + b_hh)[:, None, None, :]
-            h, c, outs = torch.zeros(U, B, H), torch.zeros(U, B, H), []
-            w_hh_t = w_hh.transpose(1, 2)
-            for t in range(L):
-                i, f, g, o = (proj[:, :, t] + torch.bmm(h, w_hh_t)).chunk(4, -1)
-                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-                h = torch.sigmoid(o) * torch.tanh(c)
-                outs.append(h)
-            inp = torch.stack(outs, 2)
-        logits = torch.baddbmm(b_head[:, None, :], inp[:, :, -1], w_head.transpose(1, 2))
-        per_user = torch.nn.functional.cross_entropy(logits.reshape(U * B, V), y.reshape(-1), reduction="none")
-        losses = per_user.view(U, B).mean(1)
-        torch.autograd.grad(losses.sum(), [w_emb, *[w for k in layers for w in k], w_head, b_head])
-        return losses.detach()
-
-    a, b = sequential(), batched()
-    assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a, b)
-    times: dict[str, list[float]] = {"sequential": [], "batched": []}
-    for _ in range(args.reps):
-        for name, fn in (("sequential", sequential), ("batched", batched)):
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    s, b2 = statistics.median(times["sequential"]), statistics.median(times["batched"])
-    print(f"{U} users, one batch fwd+bwd: sequential nn.LSTM {s:.3f} s, batched {b2:.3f} s, ratio {b2 / s:.2f}")
+    torch.set_num_threads(args.threads)
+    for shape in args.shapes:
+        r = measure(shape, args.users, args.reps, args.device)
+        if args.json:
+            print(json.dumps(r))
+        else:
+            print(
+                f"{shape}: {r['users']} users on {r['device']}, one batch fwd+bwd: sequential nn.LSTM "
+                f"{r['sequential_s']:.3f} s, batched StepwiseLSTM {r['batched_s']:.3f} s, ratio {r['ratio']:.2f}"
+            )
 
 
 if __name__ == "__main__":

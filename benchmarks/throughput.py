@@ -17,7 +17,8 @@ Every system trains exactly ``K`` users per round (``sampling.scheme = "fixed"``
 times compare the same work. Systems: ``floor`` (one thread, a plain loop: copy the global model, local SGD, clip, sum, add
 Gaussian noise, step — the same users and DP steps as fedsim), ``fedsim-inprocess`` (one
 worker, no Ray; vectorized where the model allows), ``fedsim-inprocess-seq`` (vectorization
-off), ``fedsim-ray`` (two Ray workers). The floor computes no ε; fedsim runs with
+off), ``fedsim-inprocess-batched`` (``vectorize = on``: LSTM users batched too, which ``auto``
+does only on a GPU), ``fedsim-ray`` (two Ray workers). The floor computes no ε; fedsim runs with
 ``privacy.account_every`` past the last round (ε once, at the end), and
 ``fedsim-inprocess-eps-every-round`` shows the cost of ε after every round (RDP: the cohorts are fixed); ``flower``
 (Flower 1.41's own ``FedAvg`` wrapped in ``DifferentialPrivacyServerSideFixedClipping``, a
@@ -108,6 +109,7 @@ SYSTEMS = {
         "privacy.account_every=1",
     ],
     "fedsim-inprocess-seq": ["sim.engine='inprocess'", "sim.num_workers=1", "sim.vectorize='off'"],
+    "fedsim-inprocess-batched": ["sim.engine='inprocess'", "sim.num_workers=1", "sim.vectorize='on'"],
     "fedsim-ray": ["sim.engine='ray'", "sim.num_workers=2", "sim.client_cpus=1", "sim.vectorize='auto'"],
 }
 

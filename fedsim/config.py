@@ -392,10 +392,12 @@ class SimConfig(_Section):
         after the other: no Ray start, for tests, debugging and small sweeps) or ``auto``
         (``inprocess`` for one worker, else ``ray``). Same results for the same seed.
     vectorize : train a worker's users together under ``torch.func.vmap``
-        (:mod:`fedsim.vectorized`): ``auto`` (when the model has no recurrent layers and at most
-        2M parameters, and no DiSK client evaluation, error feedback or example-level DP is on),
-        ``on`` (the same, but refuse a model that cannot be), ``off``. Equal to sequential
-        training up to float rounding.
+        (:mod:`fedsim.vectorized`; models with ``nn.LSTM`` layers through their step-by-step twin):
+        ``auto`` (models with LSTM layers when the workers train on a GPU, since on a CPU the
+        fused per-user LSTM kernel is faster; other models up to 2M parameters), ``on`` (any
+        size, LSTMs on the CPU included), ``off``. Never for other recurrent layers (Opacus's
+        ``DPLSTM``, GRUs), DiSK client evaluation, error feedback or example-level DP (``on``
+        refuses them). Equal to sequential training up to float rounding.
     ray_address : join an existing Ray cluster (``"HOST:PORT"`` of its head, as printed by
         ``ray start --head``) instead of starting a local Ray; the cluster's resources decide
         where the workers run. Default None (local).

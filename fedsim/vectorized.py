@@ -9,9 +9,13 @@ every user takes the same steps on the same batches in the same order, drawn fro
 generator ``(seed, "client", round, user)``; users are grouped by sample count so that their
 step structures coincide. ``tests/training/test_vectorized.py`` checks the equivalence.
 
-Models with recurrent layers (``nn.LSTM``, Opacus's ``DPLSTM``) are not vectorized (their
-fused kernels do not batch under ``vmap``); neither are DiSK's two-point evaluation, error
-feedback or example-level DP, which keep their sequential paths.
+Models with ``nn.LSTM`` layers are trained through their
+:func:`~fedsim.models.stepwise_lstm.stepwise_twin` (the same function written from matrix
+products and gates, which ``vmap`` batches; the fused kernel does not batch). That pays off on a
+GPU, not on a CPU, so ``sim.vectorize = 'auto'`` batches recurrent models only for GPU workers
+(:func:`fedsim.run.resolve_vectorize`). Other recurrent layers (Opacus's ``DPLSTM``, GRUs) are
+not vectorized; neither are DiSK's two-point evaluation, error feedback or example-level DP,
+which keep their sequential paths.
 """
 
 from __future__ import annotations
@@ -25,23 +29,37 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from fedsim.models.stepwise_lstm import stepwise_twin, supported
 from fedsim.seeding import make_generator
 
-#: Above this many parameters a model is trained user by user (arithmetic dominates anyway).
+#: Above this many parameters ``sim.vectorize = 'auto'`` trains a non-recurrent model user by user
+#: (arithmetic dominates anyway); ``on`` batches any size.
 MAX_PARAMS = 2_000_000
-#: Users trained together at most (bounds memory: CHUNK copies of the parameters).
+#: Users trained together at most.
 CHUNK = 64
+#: Stacked parameters held at once, in floats (bounds memory: a chunk holds at most this many,
+#: so CHUNK users of a MAX_PARAMS model, fewer of a larger one).
+STACKED_FLOATS = CHUNK * MAX_PARAMS
+
+
+def recurrent(model: nn.Module) -> bool:
+    """Whether ``model`` has recurrent layers (torch's or Opacus's)."""
+    return any(
+        isinstance(m, nn.RNNBase) or type(m).__name__.startswith("DPLSTM") or type(m).__name__ == "DPRNNBase"
+        for m in model.modules()
+    )
 
 
 def vectorizable(model: nn.Module) -> bool:
-    """Whether ``model`` can be trained under ``vmap`` (no recurrent layers) and is small
-    enough for it to pay off (at most :data:`MAX_PARAMS` parameters)."""
-    if any(
-        isinstance(m, nn.RNNBase) or type(m).__name__.startswith("DPLSTM") or type(m).__name__ == "DPRNNBase"
-        for m in model.modules()
-    ):
-        return False
-    return sum(p.numel() for p in model.parameters()) <= MAX_PARAMS
+    """Whether ``model`` can be trained under ``vmap``: its only recurrent layers are
+    ``nn.LSTM`` s that :class:`~fedsim.models.stepwise_lstm.StepwiseLSTM` covers. (Whether it
+    pays off is :func:`fedsim.run.resolve_vectorize`'s question.)"""
+    for m in model.modules():
+        if isinstance(m, nn.LSTM) and supported(m):
+            continue
+        if isinstance(m, nn.RNNBase) or type(m).__name__.startswith("DPLSTM") or type(m).__name__ == "DPRNNBase":
+            return False
+    return True
 
 
 def _plans(data, users: list[int], round_index: int, seed: int, spec) -> dict[int, list[np.ndarray]]:
@@ -100,7 +118,9 @@ class _VectorizedPass:
         self.x0 = x0.to(self.dev)
         self.base = dict(zip(self.names, (t.view(s) for t, s in zip(torch.split(self.x0, sizes), shapes))))
         model.train()
-        self.step = _make_step(model, dict(model.named_buffers()), data)
+        # recurrent layers run as their vmap-able twin (same parameter names, same function)
+        batched_model = stepwise_twin(model) if recurrent(model) else model
+        self.step = _make_step(batched_model, dict(batched_model.named_buffers()), data)
         self.model, self.data, self.round_index, self.seed, self.spec = model, data, round_index, seed, spec
         self.clipped_of: dict[int, torch.Tensor] = {}
         self.results: dict[int, Any] = {}
@@ -191,10 +211,11 @@ def train_users_vectorized(
     users trained in groups under ``vmap``. ``spec`` is a :class:`~fedsim.training.LocalTraining`."""
     run = _VectorizedPass(model, x0, data, round_index, seed, spec)
     groups = run.group(users)
+    size = max(1, min(CHUNK, STACKED_FLOATS // max(1, x0.numel())))
     for n in sorted(groups):
         members = groups[n]
-        for c in range(0, len(members), CHUNK):
-            chunk = members[c : c + CHUNK]
+        for c in range(0, len(members), size):
+            chunk = members[c : c + size]
             try:
                 run.train_chunk(chunk, n)
             except Exception:

@@ -199,18 +199,35 @@ def num_workers(cfg: Config) -> int:
     return max(1, int(cpus // cfg.sim.client_cpus))
 
 
-def resolve_vectorize(cfg: Config, model_ok: bool, disk_client: bool) -> bool:
-    """Whether workers train their users together (``sim.vectorize``; :mod:`fedsim.vectorized`)."""
+def gpu_workers(cfg: Config) -> bool:
+    """Whether the workers train on a GPU (``sim.client_gpus > 0``, ``sim.device`` not ``cpu``
+    and CUDA present here)."""
+    return cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu" and torch.cuda.is_available()
+
+
+def resolve_vectorize(
+    cfg: Config, model_ok: bool, disk_client: bool, recurrent: bool = False, num_params: int = 0
+) -> bool:
+    """Whether workers train their users together (``sim.vectorize``; :mod:`fedsim.vectorized`).
+
+    ``model_ok``: the model can be (:func:`fedsim.vectorized.vectorizable`). ``auto`` also asks
+    that it pays off: a model with LSTM layers (``recurrent``) only for GPU workers (on a CPU the
+    fused per-user kernel is faster), any other only up to
+    :data:`~fedsim.vectorized.MAX_PARAMS` parameters (``num_params``). ``on`` batches both."""
+    from fedsim.vectorized import MAX_PARAMS
+
     other = disk_client or cfg.client.error_feedback != "none" or cfg.privacy.unit == "example"
     if cfg.sim.vectorize == "off":
         return False
     if cfg.sim.vectorize == "on" and (not model_ok or other):
         raise FedsimError(
             f"sim.vectorize = 'on': model.name = '{cfg.model.name}' "
-            f"{'has recurrent layers or more than 2M parameters' if not model_ok else 'is fine, but'}"
+            f"{'has recurrent layers other than nn.LSTM' if not model_ok else 'is fine, but'}"
             f"{'' if not other else ' DiSK client evaluation, error feedback or example-level DP is on'};"
             f" use sim.vectorize = 'auto' or 'off'"
         )
+    if cfg.sim.vectorize == "auto" and (not gpu_workers(cfg) if recurrent else num_params > MAX_PARAMS):
+        return False
     return model_ok and not other
 
 
@@ -235,6 +252,7 @@ class Prepared:
     update_noise_multiplier: float
     budget_split: dict[str, Any] | None
     vectorizable: bool = False
+    recurrent: bool = False
 
 
 def prepare(cfg: Config, extra_users: int = 0, data: Population | None = None) -> Prepared:
@@ -263,9 +281,11 @@ def prepare(cfg: Config, extra_users: int = 0, data: Population | None = None) -
         from fedsim.error_feedback import check_memory
 
         check_memory(data.population, x0.numel(), cfg.client.error_feedback_memory_mb)
-    from fedsim.vectorized import vectorizable
+    from fedsim.vectorized import recurrent, vectorizable
 
-    return Prepared(cfg, data, spec, scheme, plan, x0, num_parameters(model), z_update, split, vectorizable(model))
+    return Prepared(
+        cfg, data, spec, scheme, plan, x0, num_parameters(model), z_update, split, vectorizable(model), recurrent(model)
+    )
 
 
 def make_server_filter(cfg: Config) -> Any:
@@ -517,7 +537,7 @@ def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any) 
         error_feedback=ef,
         ef_clip=cfg.client.c2 if ef != "none" else 0.0,
         example_dp=example_dp,
-        vectorize=resolve_vectorize(cfg, prep.vectorizable, disk is not None),
+        vectorize=resolve_vectorize(cfg, prep.vectorizable, disk is not None, prep.recurrent, prep.num_params),
     )
 
 

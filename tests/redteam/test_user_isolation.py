@@ -93,6 +93,30 @@ def test_a_hostile_user_leaves_the_other_users_contributions_unchanged(path):
     assert by[A].ok and by[B].ok
 
 
+def test_a_hostile_user_among_batched_lstm_users_changes_no_other_contribution():
+    """The batched recurrent path (users' LSTMs under one vmap): a user whose data cannot be read
+    and one whose tokens are not ids (floats: the embedding refuses them, which fails the whole
+    batched chunk) contribute zero, and every other user's clipped update is what it is without
+    them."""
+    from fedsim.data.shakespeare import FederatedText
+
+    rng = np.random.default_rng(0)
+    data = FederatedText(
+        [f"u{i}" for i in range(4)], [rng.integers(0, 20, 30).astype(np.uint8) for _ in range(4)], 8, 20
+    )
+    model = make_model("shakespeare_lstm_small", data.model_dims(), seed=0)
+    x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    hostile = HostileUsers(data, {HUGE: "huge_features", RAISES: "raise"})
+    total, res = train_users_vectorized(model, x0, hostile, [HUGE, RAISES, A, B], 0, 0, SPEC)
+    clean, _ = train_users_vectorized(model, x0, data, [A, B], 0, 0, SPEC)
+    alone, _ = train_users(model, x0, data, [A, B], 0, 0, SPEC)
+    torch.testing.assert_close(total, clean, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(total, alone, rtol=1e-4, atol=1e-6)
+    assert float(total.norm()) > 0
+    by = {r.user: r for r in res}
+    assert by[HUGE].failed and by[RAISES].failed and by[A].ok and by[B].ok
+
+
 def test_error_feedback_users_are_isolated_and_keep_their_state():
     data, model, x0 = _setup()
     hostile = HostileUsers(data, {HUGE: "huge_features", RAISES: "raise"})

@@ -13,7 +13,7 @@ from fedsim.data.synthetic import SyntheticClassification
 from fedsim.errors import FedsimError
 from fedsim.models import make_model
 from fedsim.training import LocalTraining, train_users
-from fedsim.vectorized import train_users_vectorized, vectorizable
+from fedsim.vectorized import recurrent, train_users_vectorized, vectorizable
 
 
 class Ragged(SyntheticClassification):
@@ -55,10 +55,71 @@ def test_vectorized_equals_sequential(name, clip, batched):
     assert any(r.clipped for r in seq_res) == (clip < 1)
 
 
-def test_only_models_without_recurrent_layers_are_vectorized():
+def _text_users(users: int, seed: int):
+    """Next-character users with different text lengths (so different sample counts)."""
+    from fedsim.data.shakespeare import FederatedText
+
+    rng = np.random.default_rng(seed)
+    texts = [rng.integers(0, 30, size=int(n)).astype(np.uint8) for n in rng.choice([26, 31, 40], size=users)]
+    return FederatedText([f"u{i}" for i in range(users)], texts, window=10, vocab_size=30)
+
+
+def _nwp_users(tmp_path):
+    from fedsim.data import data_spec, load_federated
+    from fedsim.data.stackoverflow.synthetic import generate
+
+    root = generate(tmp_path / "so", users=12, per_user=10, vocab=40, tags=4, seed=5)
+    return load_federated(data_spec("stackoverflow_nwp", root=str(root), vocab_size=30, seq_len=6, num_oov_buckets=1))
+
+
+@pytest.mark.parametrize("name", ["shakespeare_lstm_small", "so_nwp_lstm_small"])
+def test_lstm_users_vectorized_equal_sequential(name, tmp_path):
+    """The batched recurrent path (every user's own LSTM weights, one vmapped StepwiseLSTM)
+    against fused nn.LSTM training user by user: same sum of clipped deltas and per-user results."""
+    data = _text_users(12, seed=2) if name.startswith("shakespeare") else _nwp_users(tmp_path)
+    model = make_model(name, data.model_dims(), seed=3)
+    assert vectorizable(model) and recurrent(model)
+    x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    spec = LocalTraining(epochs=2, batch_size=3, lr=0.5, max_examples=8, clip_norm=0.05)
+    users = [7, 0, 11, 4, 2, 9, 5]
+    assert len({data.num_train(u) for u in users}) > 1  # several groups of equal sample counts
+    seq_total, seq_res = train_users(model, x0, data, users, round_index=2, seed=11, spec=spec)
+    vec_total, vec_res = train_users_vectorized(model, x0, data, users, round_index=2, seed=11, spec=spec)
+    torch.testing.assert_close(vec_total, seq_total, rtol=1e-4, atol=1e-6)
+    assert float(seq_total.norm()) > 0.05  # users moved, and were clipped
+    for a, b in zip(seq_res, vec_res):
+        assert (a.user, a.num_examples, a.clipped) == (b.user, b.num_examples, b.clipped)
+        assert a.loss == pytest.approx(b.loss, rel=1e-5) and a.norm == pytest.approx(b.norm, rel=1e-4)
+    # the model the worker keeps is still the fused one, with its starting parameters
+    assert any(isinstance(m, torch.nn.LSTM) for m in model.modules())
+
+
+def test_which_models_are_vectorized():
     assert vectorizable(make_model("logreg", {"in_features": 4, "num_classes": 3}))
-    assert not vectorizable(make_model("shakespeare_lstm_small", 96))
-    assert not vectorizable(make_model("so_tag_logreg", {"in_features": 10000, "out_features": 500}))  # > 2M
+    assert vectorizable(make_model("shakespeare_lstm_small", 96))  # through its StepwiseLSTM twin
+    assert not vectorizable(make_model("shakespeare_lstm_small", 96, dp_layers=True))  # Opacus's DPLSTM
+    gru = torch.nn.Sequential(torch.nn.GRU(3, 4, batch_first=True))
+    assert recurrent(gru) and not vectorizable(gru)
+    from fedsim.run import resolve_vectorize
+
+    big = make_model("so_tag_logreg", {"in_features": 10000, "out_features": 500})  # 5M parameters
+    n = sum(p.numel() for p in big.parameters())
+    assert vectorizable(big)  # it can be, but 'auto' leaves it sequential: arithmetic dominates
+    assert not resolve_vectorize(load_config(None, []), True, False, recurrent=False, num_params=n)
+    assert resolve_vectorize(load_config(None, ["sim.vectorize='on'"]), True, False, recurrent=False, num_params=n)
+
+
+def test_auto_batches_lstm_users_only_on_gpu_workers(monkeypatch):
+    from fedsim.run import resolve_vectorize
+
+    auto = load_config(None, [])
+    assert not resolve_vectorize(auto, model_ok=True, disk_client=False, recurrent=True)  # CPU: fused is faster
+    assert resolve_vectorize(load_config(None, ["sim.vectorize='on'"]), True, False, recurrent=True)
+    gpu = load_config(None, ["sim.client_gpus=0.5"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_vectorize(gpu, model_ok=True, disk_client=False, recurrent=True)
+    assert not resolve_vectorize(load_config(None, ["sim.client_gpus=0.5", "sim.device='cpu'"]), True, False, True)
+    assert not resolve_vectorize(auto, model_ok=True, disk_client=False, recurrent=True)  # no GPU asked for
 
 
 def test_vectorize_on_refuses_what_it_cannot_do():
