@@ -15,7 +15,9 @@ Workloads (issue 6):
 
 Every system trains exactly ``K`` users per round (``sampling.scheme = "fixed"``), so per-round
 times compare the same work. Systems: ``floor`` (one thread, a plain loop: copy the global model, local SGD, clip, sum, add
-Gaussian noise, step — the same users and DP steps as fedsim), ``fedsim-inprocess`` (one
+Gaussian noise, step — the same users and DP steps as fedsim), ``floor-2proc`` (the same loop
+on two processes, half the cohort each, sums sent through a pipe: the lowest per-round time two
+cores allow, against which the two-worker rows are read), ``fedsim-inprocess`` (one
 worker, no Ray; vectorized where the model allows), ``fedsim-inprocess-seq`` (vectorization
 off), ``fedsim-inprocess-batched`` (``vectorize = on``: LSTM users batched too, which ``auto``
 does only on a GPU), ``fedsim-ray`` (two Ray workers). The floor computes no ε; fedsim runs with
@@ -148,6 +150,69 @@ for t in range(cfg.rounds):
         total += d * min(1.0, c / (float(d.norm()) + 1e-12))
     x = x + (total + torch.randn(x.shape, generator=gen) * c * z) / K
     rounds.append(time.perf_counter() - ts)
+print(json.dumps({"rounds": rounds, "total_s": time.perf_counter() - t0,
+                  "peak_rss_mb": int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024}))
+"""
+
+#: The floor on two processes: the parent and one forked child each train half of the cohort
+#: (longest first, as fedsim's scheduler), the child sends its sum of clipped deltas through a
+#: pipe, the parent adds noise, steps, and sends the new model back. The least a two-process
+#: system must do, so the lowest per-round time two cores allow for this work (memory and cache
+#: contention between the two included).
+FLOOR_2PROC = r"""
+import json, multiprocessing as mp, sys, time
+import numpy as np, torch
+torch.set_num_threads(1)
+from fedsim.config import load_config
+from fedsim.data import load_federated
+from fedsim.models import make_model
+from fedsim.seeding import derive_seed
+cfg = load_config(None, json.loads(sys.argv[1]))
+data = load_federated(cfg.data)
+model = make_model(cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"))
+params = list(model.parameters())
+x = torch.nn.utils.parameters_to_vector(params).detach().clone()
+N, K, c, z = data.population, int(cfg.sampling.cohort_size), cfg.client.clip_norm, cfg.privacy.noise_multiplier
+B, lr, m = cfg.client.batch_size, cfg.client.lr, cfg.client.max_examples
+
+def train(users, x, gen):
+    total = torch.zeros_like(x)
+    for u in users:
+        torch.nn.utils.vector_to_parameters(x.clone(), params)
+        opt = torch.optim.SGD(params, lr=lr)
+        perm = torch.randperm(data.num_train(int(u)), generator=gen)[:m].numpy()
+        for s in range(0, len(perm), B):
+            xb, yb = data.train_samples(int(u), np.sort(perm[s:s + B]))
+            opt.zero_grad()
+            data.loss(model(xb), yb).backward()
+            opt.step()
+        d = torch.nn.utils.parameters_to_vector(params).detach() - x
+        total += d * min(1.0, c / (float(d.norm()) + 1e-12))
+    return total
+
+def child(conn):
+    gen = torch.Generator().manual_seed(1)
+    while (msg := conn.recv()) is not None:
+        users, xb = msg
+        conn.send(train(users, torch.from_numpy(xb), gen).numpy())
+
+here, there = mp.get_context("fork").Pipe()
+worker = mp.get_context("fork").Process(target=child, args=(there,))
+worker.start()
+rng = np.random.default_rng(0)
+gen = torch.Generator().manual_seed(0)
+t0 = time.perf_counter(); rounds = []
+for t in range(cfg.rounds):
+    ts = time.perf_counter()
+    cohort = np.sort(rng.choice(N, size=K, replace=False))
+    load, half = [0, 0], [[], []]
+    for u in sorted(cohort, key=lambda u: -min(data.num_train(int(u)), m)):
+        w = int(load[1] < load[0]); half[w].append(int(u)); load[w] += min(data.num_train(int(u)), m)
+    here.send((half[1], x.numpy()))
+    total = train(half[0], x, gen) + torch.from_numpy(here.recv())
+    x = x + (total + torch.randn(x.shape, generator=gen) * c * z) / K
+    rounds.append(time.perf_counter() - ts)
+here.send(None); worker.join()
 print(json.dumps({"rounds": rounds, "total_s": time.perf_counter() - t0,
                   "peak_rss_mb": int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024}))
 """
@@ -308,7 +373,7 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=["w2", "w1"], choices=list(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--systems", nargs="+", default=["floor", *SYSTEMS, "flower", *PFL_SYSTEMS])
+    ap.add_argument("--systems", nargs="+", default=["floor", "floor-2proc", *SYSTEMS, "flower", *PFL_SYSTEMS])
     ap.add_argument("--quick", action="store_true", help="5 rounds, 1 repetition")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -331,6 +396,8 @@ def main() -> None:
                 for system in args.systems:
                     if system == "floor":
                         res = _run(FLOOR, base)
+                    elif system == "floor-2proc":
+                        res = _run(FLOOR_2PROC, base)
                     elif system == "flower":
                         res = _run(FLOWER, base)
                     elif system in PFL_SYSTEMS:

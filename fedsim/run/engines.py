@@ -111,14 +111,16 @@ def execute(run: Run, strategy: Any, client_app: Any, stop: StopRequest, resume_
             else:
                 from flwr.simulation import run_simulation
 
+                from fedsim.run.dispatch import prompt_dispatch
                 from strategies.server_app import make_server_app
 
-                run_simulation(
-                    server_app=make_server_app(strategy),
-                    client_app=client_app,
-                    num_supernodes=run.n_workers,
-                    backend_config=backend_config,
-                )
+                with prompt_dispatch():
+                    run_simulation(
+                        server_app=make_server_app(strategy),
+                        client_app=client_app,
+                        num_supernodes=run.n_workers,
+                        backend_config=backend_config,
+                    )
     finally:
         try:
             if ray_engine:
