@@ -80,6 +80,12 @@ class DPServer:
         """Std of the noise added to the sum: ``c·z·sens``."""
         return self.clip_norm * self.noise_multiplier * self.noise.sensitivity
 
+    def prefetch_noise(self) -> None:
+        """Start drawing this round's new noise row ``ξ_t`` in the background (while the workers
+        train); the same numbers as drawing it in :meth:`step`."""
+        if self.noise_std > 0:
+            self.noise.prefetch(self.round)
+
     def noisy_mean(self, total: torch.Tensor, t: int) -> torch.Tensor:
         """``ĝ_t = (U_t + c·z·sens·n_t) / K̄``."""
         g = total.to(self.params.device, torch.float32).clone()

@@ -539,6 +539,7 @@ class UserLevelDPStrategy(Strategy):
                 return
             arrays = self._params_record()
             messages = list(self.configure_train(server_round, arrays, empty, grid))
+            self.server.prefetch_noise()  # ξ_t is drawn while the workers train
             replies = self.exchange(grid, messages)
             if replies is None or self.stopping():  # no aggregation, so no noise and no ε for this round
                 self.abandoned_round = server_round

@@ -15,6 +15,7 @@ generated on the CPU and moved to the server's device, so a GPU run adds the sam
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -22,6 +23,16 @@ import torch
 from fedsim.errors import FedsimError
 from fedsim.privacy.rng import PrivacyKey, gaussians
 from fedsim.privacy.stream import Draw, NoiseStream
+
+_PREFETCHER: ThreadPoolExecutor | None = None
+
+
+def _prefetcher() -> ThreadPoolExecutor:
+    """The one background thread that draws prefetched noise rows."""
+    global _PREFETCHER
+    if _PREFETCHER is None:
+        _PREFETCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedsim-noise")
+    return _PREFETCHER
 
 
 def _xi(key: PrivacyKey | int, j: int, dim: int, device: torch.device) -> torch.Tensor:
@@ -49,14 +60,29 @@ class NoiseMechanism:
         self.stream = stream
         self.name = stream.name
         stream.bind(self.dim, self.device)
+        #: (key, j, future of ξ_j) from :meth:`prefetch`; not state (a checkpoint never holds it).
+        self._ahead: tuple[PrivacyKey, int, Future[torch.Tensor]] | None = None
 
     @property
     def sensitivity(self) -> float:
         """``sens(C)``: L2 sensitivity of the strategy matrix under the run's scheme."""
         return self.stream.sensitivity
 
+    def prefetch(self, j: int) -> None:
+        """Start drawing ``ξ_j`` in a background thread, so that the draw overlaps the round's
+        local training; :meth:`draw` of the same ``j`` and key then takes it. ``ξ_j`` is a pure
+        function of (key, j), so the row is the same, bit for bit, whenever it is computed; a
+        prefetched row whose key or index does not match is never used."""
+        if self._ahead is not None and self._ahead[0] == self.key and self._ahead[1] == int(j):
+            return
+        self._ahead = (self.key, int(j), _prefetcher().submit(_xi, self.key, int(j), self.dim, self.device))
+
     def draw(self, j: int) -> torch.Tensor:
-        """``ξ_j`` of this run's key."""
+        """``ξ_j`` of this run's key (the prefetched row when :meth:`prefetch` asked for it)."""
+        ahead = self._ahead
+        if ahead is not None and ahead[0] == self.key and ahead[1] == int(j):
+            self._ahead = None
+            return ahead[2].result()
         return _xi(self.key, j, self.dim, self.device)
 
     def row(self, t: int) -> torch.Tensor:

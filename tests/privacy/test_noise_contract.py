@@ -81,6 +81,31 @@ def test_state_round_trips_mid_stream(name: str, stop: int) -> None:
         assert torch.equal(resumed.row(t), want[t]), (name, t)
 
 
+@pytest.mark.parametrize("name", list(MECHANISMS))
+def test_prefetched_rows_are_the_rows(name: str) -> None:
+    """``prefetch(t)`` before ``row(t)`` (as the server does while workers train) changes no
+    bit: every round, a prefetch of a round never drawn, and a prefetch made under the old key
+    before a resume loads another key."""
+    d = 33
+    straight = make_noise(name, d, KEY, "cpu", _plan(name))
+    want = [straight.row(t).clone() for t in range(N_ROUNDS)]
+    ahead = make_noise(name, d, KEY, "cpu", _plan(name))
+    for t in range(N_ROUNDS):
+        ahead.prefetch(t)
+        ahead.prefetch(t)  # asked twice: one draw
+        if t == 3:
+            ahead.prefetch(t + 5)  # replaced before use: the right row is drawn directly
+        assert torch.equal(ahead.row(t), want[t]), (name, t)
+    other = make_noise(name, d, PrivacyKey.from_seed(7), "cpu", _plan(name))
+    other.prefetch(4)  # ξ_4 of key 7, then the state of KEY's stream is loaded
+    first = make_noise(name, d, KEY, "cpu", _plan(name))
+    for t in range(4):
+        first.row(t)
+    other.load_state_dict(first.state_dict())
+    for t in range(4, N_ROUNDS):
+        assert torch.equal(other.row(t), want[t]), (name, t)
+
+
 def test_every_registered_mechanism_is_checked() -> None:
     assert {
         "none",
