@@ -115,52 +115,10 @@ SYSTEMS = {
     "fedsim-ray": ["sim.engine='ray'", "sim.num_workers=2", "sim.client_cpus=1", "sim.vectorize='auto'"],
 }
 
-FLOOR = r"""
-import json, resource, sys, time
-import numpy as np, torch
-torch.set_num_threads(1)
-from fedsim.config import load_config
-from fedsim.data import load_federated
-from fedsim.models import make_model
-from fedsim.seeding import derive_seed
-cfg = load_config(None, json.loads(sys.argv[1]))
-data = load_federated(cfg.data)
-model = make_model(cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"))
-params = list(model.parameters())
-x = torch.nn.utils.parameters_to_vector(params).detach().clone()
-rng = np.random.default_rng(0)
-gen = torch.Generator().manual_seed(0)
-N, K, c, z = data.population, int(cfg.sampling.cohort_size), cfg.client.clip_norm, cfg.privacy.noise_multiplier
-B, lr, m = cfg.client.batch_size, cfg.client.lr, cfg.client.max_examples
-t0 = time.perf_counter(); rounds = []
-for t in range(cfg.rounds):
-    ts = time.perf_counter()
-    cohort = np.sort(rng.choice(N, size=K, replace=False))  # exactly K, as sampling.scheme = "fixed"
-    total = torch.zeros_like(x)
-    for u in cohort:
-        torch.nn.utils.vector_to_parameters(x.clone(), params)
-        opt = torch.optim.SGD(params, lr=lr)
-        perm = torch.randperm(data.num_train(int(u)), generator=gen)[:m].numpy()
-        for s in range(0, len(perm), B):
-            xb, yb = data.train_samples(int(u), np.sort(perm[s:s + B]))
-            opt.zero_grad()
-            data.loss(model(xb), yb).backward()
-            opt.step()
-        d = torch.nn.utils.parameters_to_vector(params).detach() - x
-        total += d * min(1.0, c / (float(d.norm()) + 1e-12))
-    x = x + (total + torch.randn(x.shape, generator=gen) * c * z) / K
-    rounds.append(time.perf_counter() - ts)
-print(json.dumps({"rounds": rounds, "total_s": time.perf_counter() - t0,
-                  "peak_rss_mb": int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024}))
-"""
-
-#: The floor on two processes: the parent and one forked child each train half of the cohort
-#: (longest first, as fedsim's scheduler), the child sends its sum of clipped deltas through a
-#: pipe, the parent adds noise, steps, and sends the new model back. The least a two-process
-#: system must do, so the lowest per-round time two cores allow for this work (memory and cache
-#: contention between the two included).
-FLOOR_2PROC = r"""
-import json, multiprocessing as mp, sys, time
+#: What both floors share: the run's config, data and model on one thread, and ``train``: copy
+#: the global model, local SGD, clip, sum (user by user), for the users given.
+_FLOOR_SETUP = r"""
+import json, sys, time
 import numpy as np, torch
 torch.set_num_threads(1)
 from fedsim.config import load_config
@@ -190,6 +148,37 @@ def train(users, x, gen):
         total += d * min(1.0, c / (float(d.norm()) + 1e-12))
     return total
 
+def report(rounds, t0):
+    print(json.dumps({"rounds": rounds, "total_s": time.perf_counter() - t0,
+                      "peak_rss_mb": int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024}))
+"""
+
+FLOOR = (
+    _FLOOR_SETUP
+    + r"""
+rng = np.random.default_rng(0)
+gen = torch.Generator().manual_seed(0)
+t0 = time.perf_counter(); rounds = []
+for t in range(cfg.rounds):
+    ts = time.perf_counter()
+    cohort = np.sort(rng.choice(N, size=K, replace=False))  # exactly K, as sampling.scheme = "fixed"
+    total = train(cohort, x, gen)
+    x = x + (total + torch.randn(x.shape, generator=gen) * c * z) / K
+    rounds.append(time.perf_counter() - ts)
+report(rounds, t0)
+"""
+)
+
+#: The floor on two processes: the parent and one forked child each train half of the cohort
+#: (longest first, as fedsim's scheduler), the child sends its sum of clipped deltas through a
+#: pipe, the parent adds noise, steps, and sends the new model back. The least a two-process
+#: system must do, so the lowest per-round time two cores allow for this work (memory and cache
+#: contention between the two included).
+FLOOR_2PROC = (
+    _FLOOR_SETUP
+    + r"""
+import multiprocessing as mp
+
 def child(conn):
     gen = torch.Generator().manual_seed(1)
     while (msg := conn.recv()) is not None:
@@ -213,9 +202,9 @@ for t in range(cfg.rounds):
     x = x + (total + torch.randn(x.shape, generator=gen) * c * z) / K
     rounds.append(time.perf_counter() - ts)
 here.send(None); worker.join()
-print(json.dumps({"rounds": rounds, "total_s": time.perf_counter() - t0,
-                  "peak_rss_mb": int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024}))
+report(rounds, t0)
 """
+)
 
 FEDSIM = r"""
 import json, resource, sys, time
