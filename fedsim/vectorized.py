@@ -11,8 +11,9 @@ step structures coincide. ``tests/training/test_vectorized.py`` checks the equiv
 
 Models with ``nn.LSTM`` layers are trained through their
 :func:`~fedsim.models.stepwise_lstm.stepwise_twin` (the same function written from matrix
-products and gates, which ``vmap`` batches; the fused kernel does not batch). That pays off on a
-GPU, not on a CPU, so ``sim.vectorize = 'auto'`` batches recurrent models only for GPU workers
+products and gates, which ``vmap`` batches; the fused kernel does not batch). On a CPU that is
+measured slower than the fused kernel user by user, so ``sim.vectorize = 'auto'`` batches
+recurrent models only for GPU workers, the device it is meant for
 (:func:`fedsim.run.resolve_vectorize`). Other recurrent layers (Opacus's ``DPLSTM``, GRUs) are
 not vectorized; neither are DiSK's two-point evaluation, error feedback or example-level DP,
 which keep their sequential paths.

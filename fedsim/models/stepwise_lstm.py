@@ -15,10 +15,11 @@ output)::
     z_t = x_t W_ihᵀ + b_ih + b_hh + h_{t−1} W_hhᵀ,   (i, f, g, o) = (σ, σ, tanh, σ)(z_t)
     c_t = f ⊙ c_{t−1} + i ⊙ g,   h_t = o ⊙ tanh(c_t),   h_0 = c_0 = 0.
 
-Used by :mod:`fedsim.vectorized` for models with recurrent layers; it pays off where the
-per-user fused kernels are launch-bound (a GPU). On a CPU the fused kernel keeps one user's
-recurrent weights in cache for the whole sequence, which a batch of users' weights no longer
-fits, so batching users there is slower (``benchmarks/lstm_batching.py`` measures both).
+Used by :mod:`fedsim.vectorized` for models with recurrent layers. It is meant for a GPU,
+where small per-user fused kernels are launch-bound (not yet measured: no GPU was available).
+On a CPU it is measured slower: the fused kernel keeps one user's recurrent weights in cache
+for the whole sequence, and a batch of users' weights no longer fits
+(``benchmarks/lstm_batching.py`` times both).
 """
 
 from __future__ import annotations
