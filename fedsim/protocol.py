@@ -67,6 +67,8 @@ class Task:
     #: an audit's change of the population (:class:`fedsim.attacks.population.AuditView`, JSON),
     #: applied by every worker to the loaded data; None for an ordinary run.
     view: str | None = None
+    #: ``sim.allocator``: ``tuned`` (the worker calls :func:`fedsim.allocator.tune_allocator`) or ``system``.
+    allocator: str = "tuned"
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -91,4 +93,5 @@ class Task:
             ExampleDP(**d["example_dp"]) if d.get("example_dp") else None,
             bool(d.get("vectorize", False)),
             d.get("view"),
+            str(d.get("allocator", "tuned")),
         )

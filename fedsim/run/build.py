@@ -538,6 +538,7 @@ def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any) 
         ef_clip=cfg.client.c2 if ef != "none" else 0.0,
         example_dp=example_dp,
         vectorize=resolve_vectorize(cfg, prep.vectorizable, disk is not None, prep.recurrent, prep.num_params),
+        allocator=cfg.sim.allocator,
     )
 
 

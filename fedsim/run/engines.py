@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from fedsim.allocator import tune_allocator
 from fedsim.interrupt import StopRequest, descendants, kill_descendants, stop_on_signals
 from fedsim.run.build import Run
 
@@ -90,6 +91,8 @@ def execute(run: Run, strategy: Any, client_app: Any, stop: StopRequest, resume_
     (:mod:`fedsim.interrupt`); on a stop, every process this run started is gone on return."""
     if client_app is None:
         from clients.client_app import app as client_app
+    if run.cfg.sim.allocator == "tuned":  # the server's aggregation reuses its buffers too
+        tune_allocator()
     deployment = run.deployment
     ray_engine = deployment is None and run.engine == "ray"
     ours = set(descendants())  # processes that are not this run's (kept on a stop)
@@ -111,10 +114,10 @@ def execute(run: Run, strategy: Any, client_app: Any, stop: StopRequest, resume_
             else:
                 from flwr.simulation import run_simulation
 
-                from fedsim.run.dispatch import prompt_dispatch
+                from fedsim.run.dispatch import prompt_exchange
                 from strategies.server_app import make_server_app
 
-                with prompt_dispatch():
+                with prompt_exchange(strategy):
                     run_simulation(
                         server_app=make_server_app(strategy),
                         client_app=client_app,
