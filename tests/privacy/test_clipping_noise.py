@@ -45,6 +45,32 @@ def test_l2_norm_is_float64_exact():
     assert l2_norm(big) == pytest.approx(norm64(big), rel=1e-12)
 
 
+@pytest.mark.parametrize("extra", [-1, 0, 1, 12345])
+def test_l2_norm_in_blocks_equals_the_float64_norm_across_block_boundaries(extra):
+    from fedsim.privacy.clipping import NORM_BLOCK
+
+    g = torch.Generator().manual_seed(extra + 7)
+    for n in (NORM_BLOCK + extra, 3 * NORM_BLOCK + extra):
+        v = torch.randn(n, generator=g) * 1e30  # float32 squares would overflow a float32 sum
+        assert l2_norm(v) == pytest.approx(norm64(v), rel=1e-12)
+        # a view that is not contiguous is read the same way
+        assert l2_norm(v.view(-1, 1).expand(-1, 2)[:, 1]) == pytest.approx(norm64(v), rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_l2_norm_in_blocks_is_not_finite_exactly_when_an_entry_is_not(bad):
+    from fedsim.privacy.clipping import NORM_BLOCK
+
+    n = 3 * NORM_BLOCK + 5
+    for where in (0, NORM_BLOCK - 1, NORM_BLOCK, 2 * NORM_BLOCK + 17, n - 1):  # every block, both ends
+        v = torch.ones(n)
+        v[where] = bad
+        assert not math.isfinite(l2_norm(v)), where
+        clipped, norm = clip_vector(v, 1.0)
+        assert norm == math.inf and not clipped.any()
+    assert math.isfinite(l2_norm(torch.full((n,), 3.0e38)))  # the largest float32 squares still sum finitely
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_clip_never_exceeds_bound_and_keeps_direction(dtype):
     n_clipped = n_kept = 0
