@@ -81,8 +81,9 @@ class DPServer:
         return self.clip_norm * self.noise_multiplier * self.noise.sensitivity
 
     def prefetch_noise(self) -> None:
-        """Start drawing this round's new noise row ``ξ_t`` in the background (while the workers
-        train); the same numbers as drawing it in :meth:`step`."""
+        """Start drawing the new noise row ``ξ_t`` of the next round to finish (``t`` =
+        :attr:`round`) in the background; the same numbers as drawing it in :meth:`step`. Asking
+        again for the same row is free."""
         if self.noise_std > 0:
             self.noise.prefetch(self.round)
 

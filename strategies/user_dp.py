@@ -210,6 +210,12 @@ class UserLevelDPStrategy(Strategy):
         #: reply that follows another closely (balanced workers) is collected within milliseconds.
         self.pull_interval = 0.05
         self.pull_interval_min = 0.001
+        #: called right after each push (the simulation engine then scans for the messages at
+        #: once; :func:`fedsim.run.dispatch.prompt_exchange`); None: nothing to tell.
+        self.after_push: Callable[[], None] | None = None
+        #: set by the engine whenever a reply is stored; while one is given, the wait for
+        #: replies ends on it (``pull_interval`` at most) instead of sleeping. None: poll.
+        self.reply_signal: threading.Event | None = None
         #: local-training passes per user (2 for DiSK two_point): recorded in every metrics row.
         self.client_evaluations = int(client_evaluations)
         #: clipping error feedback: ``none`` | ``client`` (users' states in ``client_store``,
@@ -504,17 +510,24 @@ class UserLevelDPStrategy(Strategy):
     def exchange(self, grid: Grid, messages: list[Message]) -> list[Message] | None:
         """Push ``messages`` and pull their replies until all are in or ``round_timeout``
         seconds pass (Flower's ``send_and_receive``), polling the stop request between pulls:
-        None when a stop was requested before every reply arrived."""
+        None when a stop was requested before every reply arrived. Between pulls it waits on
+        ``reply_signal`` when the engine gives one, else sleeps from ``pull_interval_min``
+        doubling to ``pull_interval`` (starting over after a reply)."""
         if not messages:
             return []
         if getattr(grid, "synchronous", False):  # the in-process grid computes replies as it pushes
             got = list(grid.send_and_receive(messages, timeout=self.round_timeout))
             return None if self.stopping() else got
+        signal = self.reply_signal
         pending = set(grid.push_messages(messages))
+        if self.after_push is not None:
+            self.after_push()
         deadline = time.monotonic() + self.round_timeout
         replies: list[Message] = []
         wait = self.pull_interval_min
         while True:
+            if signal is not None:
+                signal.clear()  # a reply stored from here on ends the wait below
             got = list(grid.pull_messages(pending))
             replies.extend(got)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
@@ -522,6 +535,9 @@ class UserLevelDPStrategy(Strategy):
                 return replies
             if self.stopping():
                 return None
+            if signal is not None:
+                signal.wait(self.pull_interval)
+                continue
             wait = self.pull_interval_min if got else min(2 * wait, self.pull_interval)
             time.sleep(wait)
 
@@ -539,12 +555,16 @@ class UserLevelDPStrategy(Strategy):
                 return
             arrays = self._params_record()
             messages = list(self.configure_train(server_round, arrays, empty, grid))
-            self.server.prefetch_noise()  # ξ_t is drawn while the workers train
+            self.server.prefetch_noise()  # ξ_t, unless already drawing since the last round's end
             replies = self.exchange(grid, messages)
             if replies is None or self.stopping():  # no aggregation, so no noise and no ε for this round
                 self.abandoned_round = server_round
                 return
             self.aggregate_train(server_round, replies)
+            if self.server.round < self.rounds:
+                # the next round's ξ is drawn while this round's metrics, checkpoint and the next
+                # dispatch run, when the workers are idle, rather than while they train
+                self.server.prefetch_noise()
             row: dict[str, Any] = {"round": server_round, **self._last_train, "eval_loss": None, "eval_accuracy": None}
             ev_msgs = list(self.configure_evaluate(server_round, self._params_record(), empty, grid))
             if ev_msgs:

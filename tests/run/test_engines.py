@@ -37,13 +37,27 @@ def _rows(path):
 
 
 @pytest.mark.e2e
-def test_inprocess_and_ray_engines_are_bit_identical(tmp_path):
+def test_inprocess_and_ray_engines_are_bit_identical(tmp_path, monkeypatch):
+    import time
+
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
     from fedsim.run import run_experiment
 
+    scans = []  # Flower's scan for pushed messages: one call per node per scan
+    original = InMemoryLinkState.get_message_ins
+    monkeypatch.setattr(
+        InMemoryLinkState, "get_message_ins", lambda self, *a, **k: scans.append(1) or original(self, *a, **k)
+    )
     out = {}
     for engine in ("inprocess", "ray"):
         cfg = load_config(None, BASE + [f"sim.engine='{engine}'", "filter.name='doppler'", "server.optimizer='sgd'"])
+        t0 = time.monotonic()
         out[engine] = (run_experiment(cfg, tmp_path / engine, progress=False), tmp_path / engine)
+        seconds = time.monotonic() - t0
+    # The scan runs when the strategy pushes (train and evaluate: 2 pushes a round) and otherwise
+    # every 0.1 s (Flower's own wait), never in a tight loop while the workers train.
+    assert 0 < len(scans) <= 2 * (seconds / 0.1 + 2 * 3 + 4)
     (a, pa), (b, pb) = out["inprocess"], out["ray"]
     assert a["engine"] == "inprocess" and b["engine"] == "ray"
     assert a["model_sha256"] == b["model_sha256"]
