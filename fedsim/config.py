@@ -403,9 +403,9 @@ class SimConfig(_Section):
         where the workers run. Default None (local).
     allocator : ``tuned`` (default): every process that trains, and the server's, keeps the
         memory it frees for its next step instead of mapping fresh pages (glibc's ``malloc``
-        thresholds; :mod:`fedsim.allocator`): a character-LSTM step 18 % faster on the
+        settings; :mod:`fedsim.allocator`): a character-LSTM step 18 % faster on the
         development CPU, same results; each process may keep up to 256 MiB of freed memory.
-        ``system``: the C library's defaults.
+        ``system``: the C library's defaults. No effect without glibc.
     """
 
     engine: Literal["auto", "ray", "inprocess"] = "auto"
