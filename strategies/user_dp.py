@@ -233,10 +233,21 @@ class UserLevelDPStrategy(Strategy):
         self._sent: dict[int, list[int]] = {}
         self._cohort: list[int] = []
         self._eval_assigned: dict[int, list[int]] = {}
+        #: (parameters tensor, its version, their ArrayRecord): see :meth:`_params_record`.
+        self._params_cache: tuple[torch.Tensor, int, ArrayRecord] | None = None
 
     # ------------------------------------------------------------------ train
     def _params_record(self) -> ArrayRecord:
-        return ArrayRecord({protocol.PARAMS: Array(self.server.params.detach().cpu().numpy())})
+        """The global model as the messages' ArrayRecord, serialized once per state of the
+        parameters: the end of :meth:`aggregate_train`, the next round's train messages and its
+        evaluation send the same parameters. The cache holds the tensor itself and its in-place
+        version counter, which every optimizer step moves; a loaded state is a new tensor."""
+        params = self.server.params
+        cached = self._params_cache
+        if cached is None or cached[0] is not params or cached[1] != params._version:
+            record = ArrayRecord({protocol.PARAMS: Array(params.detach().cpu().numpy())})
+            self._params_cache = cached = (params, params._version, record)
+        return cached[2]
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

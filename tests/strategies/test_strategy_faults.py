@@ -159,3 +159,30 @@ def test_too_few_valid_replies_raise_before_any_step():
             ],
         )  # duplicate ≠ valid
     assert s.server.round == 0 and s.server.ledger.rounds_recorded == 0
+
+
+def _sent_params(strategy: UserLevelDPStrategy) -> np.ndarray:
+    return strategy._params_record()[protocol.PARAMS].numpy()
+
+
+def test_the_params_record_is_built_once_per_state_and_never_stale():
+    """The serialized model is reused until the parameters change: an optimizer step changes
+    them in place, a resume replaces the tensor. A stale record would send every worker the
+    previous round's model."""
+    strategy = _strategy()
+    first = strategy._params_record()
+    assert strategy._params_record() is first  # the same state: serialized once
+    np.testing.assert_array_equal(_sent_params(strategy), np.zeros(D))
+    assigned = _configure(strategy, 1)
+    replies = [_reply(n, u, _vec(u), "train-0") for n, u in assigned.items()]
+    strategy.aggregate_train(1, replies)  # the server steps its parameters in place
+    after = strategy._params_record()
+    assert after is not first
+    np.testing.assert_array_equal(_sent_params(strategy), strategy.server.params.numpy())
+    assert not np.array_equal(_sent_params(strategy), np.zeros(D))
+    strategy.server.params.add_(1.0)  # any in-place change, even outside a step
+    np.testing.assert_array_equal(_sent_params(strategy), strategy.server.params.numpy())
+    state = strategy.server.state_dict()
+    state["params"] = torch.full((D,), 7.0)
+    strategy.server.load_state_dict(state)  # a resume: a new tensor
+    np.testing.assert_array_equal(_sent_params(strategy), np.full(D, 7.0))
