@@ -14,7 +14,8 @@ Workloads (issue 6):
   round × 64 sentences of 20 tokens, batch 16, one epoch.
 
 Every system trains exactly ``K`` users per round (``sampling.scheme = "fixed"``), so per-round
-times compare the same work. Systems: ``floor`` (one thread, a plain loop: copy the global model, local SGD, clip, sum, add
+times compare the same work. The floors, Flower and pfl run with the C library's allocator
+settings; fedsim's processes with ``sim.allocator = "tuned"`` (its default). Systems: ``floor`` (one thread, a plain loop: copy the global model, local SGD, clip, sum, add
 Gaussian noise, step — the same users and DP steps as fedsim), ``floor-2proc`` (the same loop
 on two processes, half the cohort each, sums sent through a pipe: the lowest per-round time two
 cores allow, against which the two-worker rows are read), ``fedsim-inprocess`` (one
