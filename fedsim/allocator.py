@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import platform
 
 #: ``mallopt`` parameter numbers (glibc's ``malloc.h``).
@@ -38,26 +39,19 @@ MMAP_BYTES = 32 << 20
 #: free heap memory kept by the process before any is returned to the system.
 TRIM_BYTES = 256 << 20
 
-_applied: dict[str, bool] = {}
 
-
+@functools.cache
 def tune_allocator() -> bool:
-    """Set this process's glibc ``malloc`` thresholds (see the module docstring); True when
-    both settings took effect, False where there is no glibc. Idempotent."""
-    if "tuned" in _applied:
-        return _applied["tuned"]
-    ok = False
-    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            mallopt = libc.mallopt
-            mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-            mallopt.restype = ctypes.c_int
-            ok = all(
-                mallopt(param, value) == 1
-                for param, value in ((M_MMAP_THRESHOLD, MMAP_BYTES), (M_TRIM_THRESHOLD, TRIM_BYTES), (M_ARENA_MAX, 1))
-            )
-        except (OSError, AttributeError):
-            ok = False
-    _applied["tuned"] = ok
-    return ok
+    """Set this process's glibc ``malloc`` settings (see the module docstring); True when all
+    three took effect, False where there is no glibc. Runs once per process."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+        mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        mallopt.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return False
+    settings = ((M_MMAP_THRESHOLD, MMAP_BYTES), (M_TRIM_THRESHOLD, TRIM_BYTES), (M_ARENA_MAX, 1))
+    return all(mallopt(param, value) == 1 for param, value in settings)
