@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from fedsim.data import FederatedData
+from fedsim.models.softmax_head import fused_loss
 from fedsim.parameters import load_flat_ as load_flat_  # used here; re-exported for callers
 from fedsim.privacy.clipping import clip_vector, is_finite_norm
 from fedsim.seeding import make_generator
@@ -46,6 +47,10 @@ class LocalTraining:
     lr : SGD step size.
     max_examples : samples per user per epoch (a seeded draw without replacement).
     clip_norm : ``c``, the per-user L2 bound on the delta.
+    fused_softmax : on a CPU, compute the model's output layer and a softmax cross-entropy
+        training loss together in row blocks (:mod:`fedsim.models.softmax_head`; ``sim.fused_softmax``),
+        where both the model and the data allow it. Equal to the unfused loss up to float rounding.
+        Default False.
     """
 
     epochs: int
@@ -53,6 +58,7 @@ class LocalTraining:
     lr: float
     max_examples: int
     clip_norm: float
+    fused_softmax: bool = False
 
 
 @dataclass
@@ -111,6 +117,7 @@ def local_delta(
     g = make_generator(seed, "client", int(round_index), int(user))
     n = data.num_train(user)
     loss_sum, steps, seen = 0.0, 0, 0
+    fused = fused_loss(model, data, dev) if spec.fused_softmax else None
     lossf = data.loss
     for _ in range(spec.epochs):
         perm = torch.randperm(n, generator=g)[: spec.max_examples].numpy()
@@ -119,7 +126,7 @@ def local_delta(
             xb, yb = xb.to(dev), yb.to(dev)
             for p in params:
                 p.grad = None
-            loss = lossf(model(xb), yb)
+            loss = fused(xb, yb) if fused is not None else lossf(model(xb), yb)
             loss.backward()
             with torch.no_grad():
                 for p in params:

@@ -108,6 +108,10 @@ class FederatedView:
         """Test samples of user ``u`` (at most ``max_examples``; None: all)."""
         return self._data.test_samples(self.source_index(u), max_examples)
 
+    @property
+    def softmax_ignore_index(self) -> int | None:
+        return getattr(self._data, "softmax_ignore_index", None)
+
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self._data.loss(out, y)
 

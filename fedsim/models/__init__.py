@@ -87,9 +87,14 @@ class WordLSTM(nn.Module):
         self.proj = nn.Linear(hidden, embed_dim)
         self.head = nn.Linear(embed_dim, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The output layer's inputs, ``[batch, L, embed_dim]``: the forward pass without ``head``."""
         h, _ = self.lstm(self.embed(x))
-        return self.head(self.proj(h))
+        out: torch.Tensor = self.proj(h)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
 
 
 class LogReg(nn.Module):

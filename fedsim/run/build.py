@@ -517,7 +517,12 @@ def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any) 
     """What every worker is told: data, model, local training, DiSK, error feedback."""
     ef = cfg.client.error_feedback
     local = LocalTraining(
-        cfg.client.local_epochs, cfg.client.batch_size, cfg.client.lr, cfg.client.max_examples, cfg.client.clip_norm
+        cfg.client.local_epochs,
+        cfg.client.batch_size,
+        cfg.client.lr,
+        cfg.client.max_examples,
+        cfg.client.clip_norm,
+        fused_softmax=cfg.sim.fused_softmax == "auto",
     )
     disk = None
     if server.track_step:

@@ -172,6 +172,13 @@ class StackOverflowFederated(UserCounts):
         return None
 
     # --------------------------------------------------------------------- metrics
+    @property
+    def softmax_ignore_index(self) -> int | None:
+        """NWP: 0 — :meth:`loss` is the mean softmax cross-entropy over the last dimension with
+        pad targets (id 0) left out, so training may compute it together with the model's output
+        layer (:mod:`fedsim.models.softmax_head`). Tags: None (a sigmoid loss)."""
+        return 0 if self.task == "nwp" else None
+
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The training loss of a batch (mean)."""
         if self.task == "nwp":
