@@ -82,6 +82,10 @@ class NodeView:
     def test_samples(self, u: int, max_examples: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data.test_samples(int(self.keep[u]), max_examples)
 
+    @property
+    def softmax_ignore_index(self) -> int | None:
+        return getattr(self.data, "softmax_ignore_index", None)
+
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.data.loss(out, y)
 

@@ -178,3 +178,16 @@ def test_the_sim_setting_reaches_the_workers_and_a_bad_value_is_refused(so_data,
         assert Task.from_json(task.to_json()).local.fused_softmax is expected  # what a worker reads
     with pytest.raises(FedsimError, match="fused_softmax"):
         load_config(None, base + ["sim.fused_softmax='on'"])
+
+
+def test_views_of_the_data_keep_the_fused_loss(so_data):
+    """A deployment node's shard and an audit's view present the same loss, so their users
+    train the same way as in a plain simulation."""
+    from fedsim.attacks.views import FederatedView
+    from fedsim.deploy.nodes import NodeView
+
+    cpu = torch.device("cpu")
+    model = make_model("so_nwp_lstm_small", so_data.model_dims(), seed=0)
+    for view in (NodeView(so_data, [1, 4]), FederatedView(so_data, [4, 1])):
+        assert view.softmax_ignore_index == 0
+        assert fused_loss(model, view, cpu) is not None
