@@ -411,8 +411,7 @@ class SimConfig(_Section):
         CPU, compute the layer and the loss together in cache-sized row blocks
         (:mod:`fedsim.models.softmax_head`): a Stack Overflow user's local update 3–4 % faster on
         the development CPU, keeping neither logits nor log-probabilities, equal up to float
-        rounding. ``off``:
-        the layer, then ``cross_entropy``.
+        rounding. ``off``: the layer, then ``cross_entropy``.
     """
 
     engine: Literal["auto", "ray", "inprocess"] = "auto"
