@@ -159,7 +159,12 @@ class Population(Protocol):
 
 class FederatedData(Population, Protocol):
     """What training and evaluation need from a federated dataset: a :class:`Population` with
-    samples, a loss and evaluation sums."""
+    samples, a loss and evaluation sums.
+
+    Optional: ``softmax_ignore_index`` (an int, or None), declaring that :meth:`loss` is the mean
+    softmax cross-entropy over the last dimension with rows of that target left out; local
+    training may then compute it together with the model's output layer
+    (:func:`fedsim.models.softmax_head.fused_loss`). Views of a dataset forward it."""
 
     def train_samples(self, u: int, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]: ...
     def test_samples(self, u: int, max_examples: int | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
