@@ -13,7 +13,7 @@ Computed one way (a linear layer, then ``log_softmax`` and the negative log-like
 ``N × C`` logits go to memory and come back four times (the logits, the log-probabilities, the
 likelihood's one-hot gradient, the log-softmax gradient), with two exponentials per entry. For
 a large vocabulary (the Stack Overflow model: ``N = 320`` positions per batch, ``C = 10,004``:
-12.8 MB) those passes cost a fifth to a third of the layer's three products. Here each block of
+12.8 MB) those passes cost a fifth to a half of the layer's three products. Here each block of
 rows is multiplied into a scratch buffer that stays in the core's cache, its softmax is written
 straight into ``G`` (one exponential per entry), and ``G`` is finished in place, so backward is
 the three products. On the development CPU the forward product on 32-row blocks took 8.3 ms
