@@ -5,6 +5,7 @@ rows whose target probability underflows, another incoming gradient, and trainin
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,31 @@ def test_equals_cross_entropy_of_the_linear_layer(dtype, tol, n, classes, rows, 
         torch.testing.assert_close(a, r, rtol=tol, atol=tol)
     # an ignored row's logits get a zero gradient, so its features' gradient is exactly zero
     assert torch.count_nonzero(gf[0][t == 0]) == 0
+
+
+def test_ignored_rows_never_enter_the_products():
+    """Only the kept rows are multiplied: whatever an ignored row's features hold (huge values,
+    inf, NaN), the loss and every gradient are bit for bit those of the same batch with that row
+    zeroed, and the ignored rows' feature gradients are exactly zero. (The unfused layer would
+    carry a NaN feature into ∂W through a zero times NaN.)"""
+    g = torch.Generator().manual_seed(5)
+    f = torch.randn(41, 9, generator=g)
+    w, b = torch.randn(300, 9, generator=g), torch.randn(300, generator=g)
+    t = torch.randint(1, 300, (41,), generator=g)
+    t[[0, 7, 8, 30, 40]] = 0
+    runs = []
+    for filler in (0.0, 1e30, math.inf, math.nan):
+        leaves = [f.clone(), w.clone(), b.clone()]
+        leaves[0][t == 0] = filler
+        leaves = [x.requires_grad_() for x in leaves]
+        loss = linear_cross_entropy(leaves[0], leaves[1], leaves[2], t, 0, 8)
+        loss.backward()
+        runs.append((loss.detach(), [x.grad for x in leaves]))
+    for loss, grads in runs[1:]:
+        assert torch.equal(loss, runs[0][0])
+        for a, r in zip(grads, runs[0][1]):
+            assert torch.equal(a, r)
+        assert torch.count_nonzero(grads[0][t == 0]) == 0
 
 
 def test_another_incoming_gradient_scales_every_gradient():
