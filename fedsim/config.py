@@ -410,7 +410,7 @@ class SimConfig(_Section):
         the model's linear output layer (the Stack Overflow next-word model) and users train on a
         CPU, compute the layer and the loss together in cache-sized row blocks, over the rows
         whose target is not padding only (:mod:`fedsim.models.softmax_head`): a Stack Overflow
-        user's local update 13–14 % faster on the development CPU (27 % of the generated data's
+        user's local update about 13 % faster on the development CPU (27 % of the generated data's
         targets are padding), keeping neither logits nor log-probabilities, equal up to float
         rounding. ``off``: the layer, then ``cross_entropy``.
     """

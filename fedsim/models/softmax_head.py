@@ -71,15 +71,14 @@ class LinearCrossEntropy(torch.autograd.Function):
     ) -> torch.Tensor:
         n_rows, classes = features.shape[0], weight.shape[0]
         kept = target != ignore_index
-        every_row = bool(kept.all())
-        kept_rows = None if every_row else kept.nonzero().squeeze(1)
+        kept_rows = None if bool(kept.all()) else kept.nonzero().squeeze(1)
         # only the kept rows are multiplied: an ignored row's gradient is zero, so it adds
         # nothing to ∂W or ∂b, and its ∂f row is zero
         f = features if kept_rows is None else features.index_select(0, kept_rows)
         t = target if kept_rows is None else target.index_select(0, kept_rows)
         n = f.shape[0]
         grad = torch.empty(n, classes, dtype=features.dtype, device=features.device)
-        scratch = torch.empty(max(1, min(rows, n)), classes, dtype=features.dtype, device=features.device)
+        scratch = torch.empty(min(rows, n), classes, dtype=features.dtype, device=features.device)
         p_target = torch.empty(n, 1, dtype=features.dtype, device=features.device)
         w_t = weight.t()
         inv_n = 1.0 / n if n else 0.0
