@@ -32,9 +32,17 @@ machine load affects them alike; the ratio to the floor is computed within a rep
 Usage::
 
     python benchmarks/throughput.py [--workloads w2 w1] [--rounds 20] [--reps 2] [--quick] [--json]
+                                    [--device cpu|cuda] [--keep-going]
 
 ``--json`` prints rows ``{"system", "workload", "per_round_s", "total_s", "first_round_s",
-"peak_rss_mb", "ratio_to_floor", "load_avg"}`` (medians over repetitions).
+"peak_rss_mb", "ratio_to_floor", "load_avg", "device"}`` (medians over repetitions).
+
+``--device cuda`` trains on the GPU: the floor moves its model and batches there, and fedsim's
+rows add ``sim.client_gpus = 1`` and ``sim.device = 'cuda'``, so ``vectorize = auto`` batches a
+worker's LSTM users. Only ``floor``, ``fedsim-inprocess`` and ``fedsim-inprocess-seq`` run there.
+``--keep-going`` turns a system's failure into a row with its ``error`` and goes on with the
+others (one call on a lent machine gives every row it can). ``benchmarks/gpu_rows.sh`` runs it
+on such a machine.
 
 pfl-research rows (``pfl``: one process; ``pfl-2workers``: pfl's own two-worker simulation under
 ``torchrun``) run in pfl's own environment (it pins ``dp-accounting`` 0.5.1): build it once with
@@ -116,10 +124,17 @@ SYSTEMS = {
     "fedsim-ray": ["sim.engine='ray'", "sim.num_workers=2", "sim.client_cpus=1", "sim.vectorize='auto'"],
 }
 
+#: ``--device cuda``: the systems that run there (the floor and the in-process engine: a GPU
+#: machine's image has no Ray, and the two-process floor forks, which CUDA does not survive), and
+#: what fedsim's rows add (each worker's users on the GPU; ``vectorize = auto`` then trains a
+#: worker's LSTM users as one batched computation).
+GPU_SYSTEMS = ("floor", "fedsim-inprocess", "fedsim-inprocess-seq")
+GPU_OVERRIDES = ["sim.client_gpus=1", "sim.device='cuda'"]
+
 #: What both floors share: the run's config, data and model on one thread, and ``train``: copy
 #: the global model, local SGD, clip, sum (user by user), for the users given.
 _FLOOR_SETUP = r"""
-import json, sys, time
+import json, os, sys, time
 import numpy as np, torch
 torch.set_num_threads(1)
 from fedsim.config import load_config
@@ -127,8 +142,9 @@ from fedsim.data import load_federated
 from fedsim.models import make_model
 from fedsim.seeding import derive_seed
 cfg = load_config(None, json.loads(sys.argv[1]))
+dev = torch.device(os.environ.get("BENCH_DEVICE", "cpu"))
 data = load_federated(cfg.data)
-model = make_model(cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"))
+model = make_model(cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model")).to(dev)
 params = list(model.parameters())
 x = torch.nn.utils.parameters_to_vector(params).detach().clone()
 N, K, c, z = data.population, int(cfg.sampling.cohort_size), cfg.client.clip_norm, cfg.privacy.noise_multiplier
@@ -143,14 +159,19 @@ def train(users, x, gen):
         for s in range(0, len(perm), B):
             xb, yb = data.train_samples(int(u), np.sort(perm[s:s + B]))
             opt.zero_grad()
-            data.loss(model(xb), yb).backward()
+            data.loss(model(xb.to(dev)), yb.to(dev)).backward()
             opt.step()
         d = torch.nn.utils.parameters_to_vector(params).detach() - x
         total += d * min(1.0, c / (float(d.norm()) + 1e-12))
     return total
 
+def sync():
+    if dev.type == "cuda":  # a round ends when the device has finished it
+        torch.cuda.synchronize(dev)
+
 def report(rounds, t0):
     print(json.dumps({"rounds": rounds, "total_s": time.perf_counter() - t0,
+                      "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                       "peak_rss_mb": int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024}))
 """
 
@@ -164,7 +185,8 @@ for t in range(cfg.rounds):
     ts = time.perf_counter()
     cohort = np.sort(rng.choice(N, size=K, replace=False))  # exactly K, as sampling.scheme = "fixed"
     total = train(cohort, x, gen)
-    x = x + (total + torch.randn(x.shape, generator=gen) * c * z) / K
+    x = x + (total + torch.randn(x.shape, generator=gen).to(dev) * c * z) / K
+    sync()
     rounds.append(time.perf_counter() - ts)
 report(rounds, t0)
 """
@@ -326,8 +348,8 @@ def bench_env(**extra: str) -> dict[str, str]:
     }
 
 
-def _run(code: str, overrides: list[str], out: str | None = None) -> dict:
-    env = bench_env()
+def _run(code: str, overrides: list[str], out: str | None = None, device: str = "cpu") -> dict:
+    env = bench_env(BENCH_DEVICE=device)
     args = [sys.executable, "-c", code, json.dumps(overrides)] + ([out] if out else [])
     t0 = time.perf_counter()
     proc = subprocess.run(args, capture_output=True, text=True, env=env)
@@ -363,6 +385,57 @@ def _run_pfl(workload_file: Path, workers: int) -> dict:
     raise RuntimeError(proc.stderr[-3000:])
 
 
+def _run_system(system: str, overrides: list[str], out: str, exported: Path, device: str) -> dict:
+    """One run of ``system`` on the workload ``overrides``; fedsim's run folder is ``out``."""
+    if system == "floor":
+        return _run(FLOOR, overrides, device=device)
+    if system == "floor-2proc":
+        return _run(FLOOR_2PROC, overrides)
+    if system == "flower":
+        return _run(FLOWER, overrides)
+    if system in PFL_SYSTEMS:
+        return _run_pfl(exported, PFL_SYSTEMS[system])
+    return _run(FEDSIM, overrides + SYSTEMS[system], out)
+
+
+def _summarize(wl: str, per: dict[str, list[dict]], device: str) -> list[dict]:
+    """One row per system of workload ``wl`` (medians over its repetitions; the ratio to the floor
+    within each repetition; no ratio where the floor did not run)."""
+    floor_round = [statistics.median(r["rounds"][1:] or r["rounds"]) for r in per.get("floor", [])]
+    device_name = next((r["device_name"] for r in per.get("floor", []) if "device_name" in r), device)
+    rows = []
+    for system, results in per.items():
+        pr = [statistics.median(r["rounds"][1:] or r["rounds"]) for r in results]
+        ratio = [p / f for p, f in zip(pr, floor_round)] if floor_round else []
+        rows.append(
+            {
+                "system": system,
+                "workload": wl,
+                "per_round_s": statistics.median(pr),
+                "total_s": statistics.median(r["wall_s"] for r in results),
+                "first_round_s": statistics.median(r["rounds"][0] for r in results),
+                "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
+                "ratio_to_floor": statistics.median(ratio) if ratio else None,
+                "vectorized": results[0].get("vectorized"),
+                "load_avg": statistics.median(r["load_avg"] for r in results),
+                "device": device_name,
+            }
+        )
+    return rows
+
+
+def _print(rows: list[dict]) -> None:
+    for r in rows:
+        if "error" in r:
+            print(f"{r['workload']:3s} {r['system']:22s} failed: {r['error'][-200:]}")
+            continue
+        print(
+            f"{r['workload']:3s} {r['system']:22s} per round {r['per_round_s']:.4f} s  total {r['total_s']:.1f} s  "
+            f"first {r['first_round_s']:.2f} s  ratio {r['ratio_to_floor'] if r['ratio_to_floor'] is None else round(r['ratio_to_floor'], 3)}"
+            f"  rss {r['peak_rss_mb']:.0f} MB  load {r['load_avg']:.1f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", nargs="+", default=["w2", "w1"], choices=list(WORKLOADS))
@@ -370,9 +443,27 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--systems", nargs="+", default=["floor", "floor-2proc", *SYSTEMS, "flower", *PFL_SYSTEMS])
     ap.add_argument("--quick", action="store_true", help="5 rounds, 1 repetition")
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the users train: cuda runs the floor's model on the GPU and fedsim's workers with "
+        f"sim.client_gpus = 1 (systems: {', '.join(GPU_SYSTEMS)})",
+    )
+    ap.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="a system that fails gets a row with its error instead of ending the benchmark",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rounds, reps = (5, 1) if args.quick else (args.rounds, args.reps)
+    if args.device == "cuda":
+        if args.systems == ap.get_default("systems"):
+            args.systems = list(GPU_SYSTEMS)
+        if other := [s for s in args.systems if s not in GPU_SYSTEMS]:
+            ap.error(f"--device cuda runs only {', '.join(GPU_SYSTEMS)}; drop {', '.join(other)}")
+    on_gpu = GPU_OVERRIDES if args.device == "cuda" else []
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         so_root = Path(tmp) / "so"
@@ -387,46 +478,29 @@ def main() -> None:
             exported = Path(tmp) / f"{wl}.pt"
             if any(s in PFL_SYSTEMS for s in args.systems):
                 _run(EXPORT, base, str(exported))
+            errors: dict[str, str] = {}
             for rep in range(reps):
                 for system in args.systems:
-                    if system == "floor":
-                        res = _run(FLOOR, base)
-                    elif system == "floor-2proc":
-                        res = _run(FLOOR_2PROC, base)
-                    elif system == "flower":
-                        res = _run(FLOWER, base)
-                    elif system in PFL_SYSTEMS:
-                        res = _run_pfl(exported, PFL_SYSTEMS[system])
-                    else:
-                        res = _run(FEDSIM, base + SYSTEMS[system], str(Path(tmp) / f"{wl}-{system}-{rep}"))
+                    if system in errors:
+                        continue
+                    try:
+                        res = _run_system(
+                            system, base + on_gpu, str(Path(tmp) / f"{wl}-{system}-{rep}"), exported, args.device
+                        )
+                    except RuntimeError as exc:
+                        if not args.keep_going:
+                            raise
+                        errors[system] = str(exc)[-2000:]
+                        print(f"{wl} {system} failed: {errors[system][-300:]}", file=sys.stderr)
+                        continue
                     res["load_avg"] = os.getloadavg()[0]
                     per[system].append(res)
-            floor_round = [statistics.median(r["rounds"][1:] or r["rounds"]) for r in per.get("floor", [])]
-            for system, results in per.items():
-                pr = [statistics.median(r["rounds"][1:] or r["rounds"]) for r in results]
-                ratio = [p / f for p, f in zip(pr, floor_round)] if floor_round else []
-                rows.append(
-                    {
-                        "system": system,
-                        "workload": wl,
-                        "per_round_s": statistics.median(pr),
-                        "total_s": statistics.median(r["wall_s"] for r in results),
-                        "first_round_s": statistics.median(r["rounds"][0] for r in results),
-                        "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
-                        "ratio_to_floor": statistics.median(ratio) if ratio else None,
-                        "vectorized": results[0].get("vectorized"),
-                        "load_avg": statistics.median(r["load_avg"] for r in results),
-                    }
-                )
+            rows += [{"system": s, "workload": wl, "device": args.device, "error": e} for s, e in errors.items()]
+            rows += _summarize(wl, {s: r for s, r in per.items() if s not in errors}, args.device)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        for r in rows:
-            print(
-                f"{r['workload']:3s} {r['system']:22s} per round {r['per_round_s']:.4f} s  total {r['total_s']:.1f} s  "
-                f"first {r['first_round_s']:.2f} s  ratio {r['ratio_to_floor'] if r['ratio_to_floor'] is None else round(r['ratio_to_floor'], 3)}"
-                f"  rss {r['peak_rss_mb']:.0f} MB  load {r['load_avg']:.1f}"
-            )
+        _print(rows)
 
 
 if __name__ == "__main__":

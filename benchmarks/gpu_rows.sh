@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU checks and rows of issue 18, as one command for a lent CUDA machine (its image has
+# Python 3.12 with PyTorch and no network; see benchmarks/gpu_wheels.sh for what travels).
+#
+# Here, once:  bash benchmarks/gpu_wheels.sh          (writes .whl/, about 20 MB, ignored by git)
+# There:       the device tool's run with command "bash benchmarks/gpu_rows.sh", carry [".whl"],
+#              timeout_s 560 (about 4-6 minutes of work).
+#
+# It installs the wheels, then writes to $OUT (a temporary folder when unset):
+#   device.txt          the GPU and torch version;
+#   tests.txt           pytest of tests/gpu (noise rows on the GPU against the CPU's, LSTM users
+#                       batched on the GPU against sequential and the CPU, an in-process run);
+#   throughput_gpu.json benchmarks/throughput.py --device cuda on W1 and the SO LSTM (the floor
+#                       on the GPU, fedsim in-process with its LSTM users batched and one by one);
+#   throughput_gpu.log  its progress and any system's error (--keep-going).
+# ROUNDS (default 6) and BENCH_S (the benchmark's time limit, default 330 s) can be set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$(mktemp -d)}
+PY=${PYTHON:-python3}
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || {
+    echo "gpu_rows.sh: installing .whl/ failed: run benchmarks/gpu_wheels.sh here and carry .whl" >&2
+    exit 3
+}
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 FLWR_TELEMETRY_ENABLED=0 HF_HUB_OFFLINE=1 \
+    HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 FLWR_HOME="$(mktemp -d)" RAY_TMPDIR="$(mktemp -d)"
+{ nvidia-smi -L; "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"; } \
+    >"$OUT/device.txt" 2>&1
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/gpu >"$OUT/tests.txt" 2>&1
+echo "tests/gpu exit $?" >>"$OUT/tests.txt"
+timeout "${BENCH_S:-330}" "$PY" benchmarks/throughput.py --device cuda --workloads w1 so_lstm \
+    --rounds "${ROUNDS:-6}" --reps 1 --keep-going --json >"$OUT/throughput_gpu.json" 2>"$OUT/throughput_gpu.log"
+echo "throughput exit $?" >>"$OUT/throughput_gpu.log"
+cat "$OUT/device.txt" "$OUT/tests.txt"
+tail -c 3000 "$OUT/throughput_gpu.log"
+cat "$OUT/throughput_gpu.json"

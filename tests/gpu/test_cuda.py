@@ -1,0 +1,113 @@
+"""The GPU path against the CPU's: what a run on a CUDA device promises, checked on one.
+
+Skipped where torch sees no CUDA device (CI has none; ``benchmarks/gpu_rows.sh`` runs this file
+on a lent GPU machine). ``FEDSIM_GPU_TEST_DEVICE=cpu`` runs the same checks with the CPU as the
+"device", to check the tests themselves where no GPU is.
+
+- The noise: every mechanism's rows are generated on the CPU and moved, so the independent
+  Gaussian rows are bit-identical on the GPU, and correlated rows (mixed on the device) agree
+  to float32 rounding.
+- Training: LSTM users batched on the GPU (one vmapped step-by-step LSTM) give the same sum of
+  clipped deltas as training them one at a time there, and as the CPU.
+- A run: the in-process engine with ``sim.client_gpus = 1`` trains on the GPU (``vectorize =
+  auto`` batches the LSTM users there), and its ε is the CPU run's to the last digit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+DEVICE = os.environ.get("FEDSIM_GPU_TEST_DEVICE", "cuda")
+pytestmark = pytest.mark.skipif(
+    DEVICE == "cuda" and not torch.cuda.is_available(),
+    reason="needs a CUDA device (FEDSIM_GPU_TEST_DEVICE=cpu checks the logic)",
+)
+
+
+def test_independent_noise_rows_are_the_cpus_bit_for_bit():
+    from fedsim.privacy.noise import gaussian_noise
+
+    cpu, dev = gaussian_noise(1001, seed=5, device="cpu"), gaussian_noise(1001, seed=5, device=DEVICE)
+    for t in range(3):
+        a, b = cpu.row(t), dev.row(t)
+        assert b.device.type == torch.device(DEVICE).type
+        assert torch.equal(a, b.cpu())
+
+
+@pytest.mark.parametrize("mech", ["banded", "bsr", "blt"])
+def test_correlated_noise_rows_agree_with_the_cpus(mech):
+    from fedsim.privacy.mechanisms import make_noise, plan_mf
+    from fedsim.privacy.participation import make_scheme
+
+    n = 12
+    scheme = (
+        make_scheme("min_sep", 60, None, min_sep=3, rounds=n)
+        if mech != "bsr"
+        else make_scheme("single", 60, 5, rounds=n)
+    )
+    plan = plan_mf(mech, scheme, n)
+    cpu, dev = make_noise(mech, 513, 9, "cpu", plan), make_noise(mech, 513, 9, DEVICE, plan)
+    for t in range(n):
+        a, b = cpu.row(t), dev.row(t).cpu()
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+        assert float(a.norm()) > 1.0  # rows of real noise, not zeros
+
+
+def _text_users(users: int, seed: int):
+    from fedsim.data.shakespeare import FederatedText
+
+    rng = np.random.default_rng(seed)
+    texts = [rng.integers(0, 30, size=int(n)).astype(np.uint8) for n in rng.choice([26, 31, 40], size=users)]
+    return FederatedText([f"u{i}" for i in range(users)], texts, window=10, vocab_size=30)
+
+
+def test_lstm_users_batched_on_the_device_equal_sequential_and_the_cpu():
+    from fedsim.models import make_model
+    from fedsim.training import LocalTraining, train_users
+    from fedsim.vectorized import train_users_vectorized
+
+    data = _text_users(12, seed=2)
+    spec = LocalTraining(epochs=2, batch_size=3, lr=0.5, max_examples=8, clip_norm=0.05)
+    users = [7, 0, 11, 4, 2, 9, 5]
+    cpu_model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3)
+    x0 = torch.nn.utils.parameters_to_vector(cpu_model.parameters()).detach().clone()
+    cpu_total, _ = train_users(cpu_model, x0, data, users, round_index=2, seed=11, spec=spec)
+    model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3).to(DEVICE)
+    seq_total, seq_res = train_users(model, x0, data, users, round_index=2, seed=11, spec=spec)
+    vec_total, vec_res = train_users_vectorized(model, x0, data, users, round_index=2, seed=11, spec=spec)
+    assert vec_total.device.type == seq_total.device.type == torch.device(DEVICE).type
+    torch.testing.assert_close(vec_total, seq_total, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(seq_total.cpu(), cpu_total, rtol=1e-4, atol=1e-6)
+    assert float(cpu_total.norm()) > 0.05  # users moved, and were clipped
+    for a, b in zip(seq_res, vec_res):
+        assert (a.user, a.num_examples, a.clipped) == (b.user, b.num_examples, b.clipped)
+
+
+def test_an_inprocess_run_on_the_device_matches_the_cpus_epsilon(tmp_path):
+    from fedsim.config import load_config
+    from fedsim.run import run_experiment
+
+    common = [
+        "data.name='shakespeare'",
+        "model.name='shakespeare_lstm_small'",
+        "rounds=3",
+        "sampling.cohort_size=4",
+        "client.batch_size=4",
+        "client.max_examples=8",
+        "eval.every=0",
+        "sim.engine='inprocess'",
+        "sim.num_workers=1",
+    ]
+    on_device = ["sim.client_gpus=1", f"sim.device='{DEVICE}'"] if DEVICE == "cuda" else []
+    gpu = run_experiment(load_config(None, common + on_device), str(tmp_path / "dev"), progress=False)
+    cpu = run_experiment(load_config(None, common + ["sim.device='cpu'"]), str(tmp_path / "cpu"), progress=False)
+    if DEVICE == "cuda":
+        assert gpu.get("vectorized") is True  # vectorize = auto batches LSTM users on GPU workers
+    assert gpu["epsilon"] == cpu["epsilon"]
+    rows = [json.loads(line) for line in (tmp_path / "dev" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(np.isfinite(r["train_loss"]) for r in rows)
