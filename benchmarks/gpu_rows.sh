@@ -2,7 +2,7 @@
 # The GPU checks and rows of issue 18, as one command for a lent CUDA machine (its image has
 # Python 3.12 with PyTorch and no network; see benchmarks/gpu_wheels.sh for what travels).
 #
-# Here, once:  bash benchmarks/gpu_wheels.sh          (writes .whl/, about 20 MB, ignored by git)
+# Here, once:  bash benchmarks/gpu_wheels.sh          (writes .whl/, about 22 MB, ignored by git)
 # There:       the device tool's run with command "bash benchmarks/gpu_rows.sh", carry [".whl"],
 #              timeout_s 560 (about 4-6 minutes of work).
 #
@@ -26,7 +26,9 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 FLWR_TELEMETRY_ENABLED=0 H
     HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 FLWR_HOME="$(mktemp -d)" RAY_TMPDIR="$(mktemp -d)"
 { nvidia-smi -L; "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"; } \
     >"$OUT/device.txt" 2>&1
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/gpu >"$OUT/tests.txt" 2>&1
+# importlib mode: fedsim runs from the source tree here (PYTHONPATH), and pytest's default mode
+# would put tests/ first on sys.path, where tests/strategies hides the top-level strategies package
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider --import-mode=importlib tests/gpu >"$OUT/tests.txt" 2>&1
 echo "tests/gpu exit $?" >>"$OUT/tests.txt"
 timeout "${BENCH_S:-330}" "$PY" benchmarks/throughput.py --device cuda --workloads w1 so_lstm \
     --rounds "${ROUNDS:-6}" --reps 1 --keep-going --json >"$OUT/throughput_gpu.json" 2>"$OUT/throughput_gpu.log"

