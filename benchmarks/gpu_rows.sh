@@ -22,12 +22,13 @@ PY=${PYTHON:-python3}
     echo "gpu_rows.sh: installing .whl/ failed: run benchmarks/gpu_wheels.sh here and carry .whl" >&2
     exit 3
 }
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 FLWR_TELEMETRY_ENABLED=0 HF_HUB_OFFLINE=1 \
+export PYTHONPATH="/tmp/site:$PWD:$PWD/tests" PYTHONUNBUFFERED=1 FLWR_TELEMETRY_ENABLED=0 HF_HUB_OFFLINE=1 \
     HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 FLWR_HOME="$(mktemp -d)" RAY_TMPDIR="$(mktemp -d)"
 { nvidia-smi -L; "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"; } \
     >"$OUT/device.txt" 2>&1
 # importlib mode: fedsim runs from the source tree here (PYTHONPATH), and pytest's default mode
 # would put tests/ first on sys.path, where tests/strategies hides the top-level strategies package
+# (tests/ comes last on PYTHONPATH instead, for tests/helpers.py)
 timeout 150 "$PY" -m pytest -q -p no:cacheprovider --import-mode=importlib tests/gpu >"$OUT/tests.txt" 2>&1
 echo "tests/gpu exit $?" >>"$OUT/tests.txt"
 timeout "${BENCH_S:-330}" "$PY" benchmarks/throughput.py --device cuda --workloads w1 so_lstm \

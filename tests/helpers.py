@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from fedsim.cli import main
@@ -13,3 +14,13 @@ def run_cli(capsys, *args):
         raise SystemExit(0)
     out = capsys.readouterr()
     return ei.value.code, out.out, out.err
+
+
+def text_users(users: int, seed: int):
+    """Next-character users (30 symbols, windows of 10) with text lengths 26, 31 or 40, so
+    different sample counts."""
+    from fedsim.data.shakespeare import FederatedText
+
+    rng = np.random.default_rng(seed)
+    texts = [rng.integers(0, 30, size=int(n)).astype(np.uint8) for n in rng.choice([26, 31, 40], size=users)]
+    return FederatedText([f"u{i}" for i in range(users)], texts, window=10, vocab_size=30)

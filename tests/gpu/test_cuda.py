@@ -21,6 +21,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers import text_users
 
 DEVICE = os.environ.get("FEDSIM_GPU_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(
@@ -58,20 +59,12 @@ def test_correlated_noise_rows_agree_with_the_cpus(mech):
         assert float(a.norm()) > 1.0  # rows of real noise, not zeros
 
 
-def _text_users(users: int, seed: int):
-    from fedsim.data.shakespeare import FederatedText
-
-    rng = np.random.default_rng(seed)
-    texts = [rng.integers(0, 30, size=int(n)).astype(np.uint8) for n in rng.choice([26, 31, 40], size=users)]
-    return FederatedText([f"u{i}" for i in range(users)], texts, window=10, vocab_size=30)
-
-
 def test_lstm_users_batched_on_the_device_equal_sequential_and_the_cpu():
     from fedsim.models import make_model
     from fedsim.training import LocalTraining, train_users
     from fedsim.vectorized import train_users_vectorized
 
-    data = _text_users(12, seed=2)
+    data = text_users(12, seed=2)
     spec = LocalTraining(epochs=2, batch_size=3, lr=0.5, max_examples=8, clip_norm=0.05)
     users = [7, 0, 11, 4, 2, 9, 5]
     cpu_model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import text_users
 
 from fedsim.config import load_config
 from fedsim.data.synthetic import SyntheticClassification
@@ -55,15 +56,6 @@ def test_vectorized_equals_sequential(name, clip, batched):
     assert any(r.clipped for r in seq_res) == (clip < 1)
 
 
-def _text_users(users: int, seed: int):
-    """Next-character users with different text lengths (so different sample counts)."""
-    from fedsim.data.shakespeare import FederatedText
-
-    rng = np.random.default_rng(seed)
-    texts = [rng.integers(0, 30, size=int(n)).astype(np.uint8) for n in rng.choice([26, 31, 40], size=users)]
-    return FederatedText([f"u{i}" for i in range(users)], texts, window=10, vocab_size=30)
-
-
 def _nwp_users(tmp_path):
     from fedsim.data import data_spec, load_federated
     from fedsim.data.stackoverflow.synthetic import generate
@@ -76,7 +68,7 @@ def _nwp_users(tmp_path):
 def test_lstm_users_vectorized_equal_sequential(name, tmp_path):
     """The batched recurrent path (every user's own LSTM weights, one vmapped StepwiseLSTM)
     against fused nn.LSTM training user by user: same sum of clipped deltas and per-user results."""
-    data = _text_users(12, seed=2) if name.startswith("shakespeare") else _nwp_users(tmp_path)
+    data = text_users(12, seed=2) if name.startswith("shakespeare") else _nwp_users(tmp_path)
     model = make_model(name, data.model_dims(), seed=3)
     assert vectorizable(model) and recurrent(model)
     x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
