@@ -708,7 +708,11 @@ def sweep(
     ] = None,
     resume: Annotated[
         Path | None,
-        typer.Option("--resume", help="Finish the killed sweep in this folder (only unfinished trials run)."),
+        typer.Option(
+            "--resume",
+            help="Finish the killed sweep in this folder (only unfinished trials run; the spec and base "
+            "config must be as they were when it started).",
+        ),
     ] = None,
     only: Annotated[
         str | None, typer.Option(help="Run only the trials whose name contains this text (e.g. 'seed=0').")

@@ -49,8 +49,10 @@ def _tnb_pmf(k: int, eta: float, gamma: float) -> float:
     """``P[K = k]`` (``k ≥ 1``) of the truncated negative binomial (logarithmic when ``η = 0``)."""
     if eta == 0:
         return float((1.0 - gamma) ** k / (k * math.log(1.0 / gamma)))
+    # Γ(k+η)/(Γ(k+1)·Γ(η))·(1−γ)^k·γ^η/(1−γ^η). For η ∈ (−1, 0), Γ(η) and 1 − γ^η are both
+    # negative and cancel: lgamma gives log|Γ|, so the denominator is taken as |1 − γ^η| too.
     log_binom = math.lgamma(k + eta) - math.lgamma(k + 1) - math.lgamma(eta)
-    return float(math.exp(log_binom + k * math.log(1.0 - gamma) + eta * math.log(gamma)) / (1.0 - gamma**eta))
+    return float(math.exp(log_binom + k * math.log(1.0 - gamma) + eta * math.log(gamma)) / abs(1.0 - gamma**eta))
 
 
 def draw_trial_count(distribution: str, mean: float, eta: float, gamma: float, key: PrivacyKey) -> int:

@@ -23,7 +23,9 @@ A sweep spec is a TOML file with a ``[sweep]`` table:
 Every trial is one ordinary run folder under ``<out>/trials/`` (the in-process engine, one worker,
 ``sim.client_cpus`` CPUs as its Tune resources); Tune keeps its state under ``<out>/tune/``. A
 killed sweep re-run with ``--resume`` finishes only the trials that did not finish (Tune's
-``Tuner.restore``; a trial whose run folder holds a ``summary.json`` is never recomputed).
+``Tuner.restore``; a trial whose run folder holds a ``summary.json`` is never recomputed). The
+sweep reads its base config once and keeps it, with the spec, in ``<out>/plan.json``: trials are
+configured from that copy, and ``--resume`` refuses a spec or base config edited since the start.
 
 The sweep writes ``sweep.json`` (every trial's numbers), ``table.csv`` and ``table.md`` (mean ±
 std over seeds per arm: the metric, ε with its neighbouring relation, wall time) and says what
@@ -163,9 +165,15 @@ def trials(spec: SweepSpec) -> list[dict[str, Any]]:
     return out
 
 
-def check_trials(base: Path | None, spec: SweepSpec, items: list[dict[str, Any]]) -> None:
-    """Validate every trial's config before anything starts (a broken trial never starts a sweep)."""
-    raw = {} if base is None else read_config_file(base)
+def read_base(base: Path | None) -> dict[str, Any]:
+    """The base config's table (``{}`` without one). A sweep reads it once, when it starts: every
+    trial, the checks and the selection's accounting use this table, never the file again."""
+    return {} if base is None else read_config_file(base)
+
+
+def check_trials(raw: dict[str, Any], spec: SweepSpec, items: list[dict[str, Any]]) -> None:
+    """Validate every trial's config (``raw``: the base config's table, :func:`read_base`) before
+    anything starts (a broken trial never starts a sweep)."""
     for t in items:
         for item in t["sets"]:
             parse_override(item)
@@ -216,7 +224,6 @@ def _searched_trial(config: dict[str, Any]) -> dict[str, Any]:
 
 def run_trial(config: dict[str, Any]) -> dict[str, Any] | None:
     """One trial (a Tune function trainable): the run folder's summary, reused when it exists."""
-    from fedsim.config import load_config
     from fedsim.run.runner import run_experiment
 
     t = config["trial"] if "trial" in config else _searched_trial(config)
@@ -229,7 +236,11 @@ def run_trial(config: dict[str, Any]) -> dict[str, Any] | None:
             import shutil
 
             shutil.rmtree(out)
-        cfg = load_config(config["base"], TRIAL_DEFAULTS + t["sets"] + TRIAL_ENGINE)
+        # the base table the sweep read when it started (a sweep folder from before plan.json
+        # holds only the file's path)
+        old_path = config.get("base")
+        raw = config["base_config"] if "base_config" in config else read_base(Path(old_path) if old_path else None)
+        cfg = config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + t["sets"] + TRIAL_ENGINE))
         extra: list[RunCallback] = [_ReportRounds(config["metric"])] if config.get("report_rounds") else []
         summary = run_experiment(cfg, out, progress=False, callbacks=extra)
     result = _trial_result(summary, config["metric"])
@@ -244,14 +255,14 @@ def run_trial(config: dict[str, Any]) -> dict[str, Any] | None:
     return result
 
 
-def _tuner(spec: SweepSpec, base: Path | None, out: Path, items: list[dict[str, Any]], resume: bool) -> Any:
+def _tuner(spec: SweepSpec, raw: dict[str, Any], out: Path, items: list[dict[str, Any]], resume: bool) -> Any:
     from ray import tune
 
-    cpus = _trial_cpus(base, (items or trials(spec))[0]["sets"])
+    cpus = _trial_cpus(raw, (items or trials(spec))[0]["sets"])
     trainable = tune.with_resources(run_trial, {"cpu": cpus})
     space: dict[str, Any] = {
         "out": str(out),
-        "base": None if base is None else str(base),
+        "base_config": raw,
         "metric": spec.metric,
         "report_rounds": spec.scheduler == "asha",
     }
@@ -305,9 +316,8 @@ def _search_space(search: Search) -> dict[str, Any]:
     return space
 
 
-def _trial_cpus(base: Path | None, sets: list[str]) -> float:
+def _trial_cpus(raw: dict[str, Any], sets: list[str]) -> float:
     """``sim.client_cpus`` of a trial with overrides ``sets``: its Tune resources."""
-    raw = {} if base is None else read_config_file(base)
     return float(config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + sets + TRIAL_ENGINE)).sim.client_cpus)
 
 
@@ -411,52 +421,101 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def selection_note(spec: SweepSpec, table: list[dict[str, Any]], base: Path | None) -> dict[str, Any]:
-    """What choosing the best arm on private data costs, and whether it is accounted."""
-    best = None
-    scored = [r for r in table if r[spec.metric] is not None]
-    if scored:
-        pick = max if spec.mode == "max" else min
-        best = pick(scored, key=lambda r: r[spec.metric])["arm"]
-    if spec.private_selection is None:
+def selection_note(
+    spec: SweepSpec, table: list[dict[str, Any]], rows: list[dict[str, Any]], privacy: dict[str, Any] | None, out: Path
+) -> dict[str, Any]:
+    """What choosing the best arm on private data costs, and whether it is accounted.
+
+    ``privacy``: :func:`selection_privacy` (computed before the trials ran), None without
+    ``sweep.private_selection``. Under private selection the release is the best single trial
+    (``best_trial``; ``best_arm`` is its arm), and every finished trial's ledger must hold the
+    accounting spec the plan gives its arm: a trial that ran under another one (its folder reused
+    from elsewhere) leaves the selection not accounted."""
+    pick = max if spec.mode == "max" else min
+    if privacy is None:
+        scored = [r for r in table if r[spec.metric] is not None]
         return {
-            "best_arm": best,
+            "best_arm": pick(scored, key=lambda r: r[spec.metric])["arm"] if scored else None,
             "accounted": False,
             "note": "selection not accounted: choosing the best arm by a metric computed on users' data "
             "is itself a release that the per-run ε does not cover (configure sweep.private_selection)",
         }
-    return {"best_arm": best, **_selection_privacy(spec, base)}
+    from fedsim.privacy.accounting import RELATION_LABELS
+    from fedsim.privacy.ledger import spec_from_ledger
+
+    result = {k: v for k, v in privacy.items() if k != "specs"}
+    scored_trials = [r for r in rows if r[spec.metric] is not None]
+    best = pick(scored_trials, key=lambda r: r[spec.metric]) if scored_trials else None
+    result["best_trial"] = None if best is None else best["trial"]
+    result["best_arm"] = None if best is None else best["arm"]
+    stray = []
+    for r in rows:
+        ledger = out / "trials" / r["trial"] / "ledger.json"
+        ran = spec_from_ledger(json.loads(ledger.read_text(encoding="utf-8"))) if ledger.exists() else None
+        if ran != privacy["specs"].get(r["arm"]):
+            stray.append(r["trial"])
+    ps = spec.private_selection
+    assert ps is not None
+    where = f"at δ = {result['delta']:.3g} for {RELATION_LABELS[result['neighboring_relation']]}"
+    if privacy.get("draws") == 0:
+        note = f"K = 0 trials drawn: the procedure releases nothing ({result['theorem']})"
+    else:
+        note = f"ε of releasing the selected model: {result['epsilon']:.4g} {where} ({result['theorem']})"
+    result["accounted"] = ps.metric_is_private and not stray
+    if stray:
+        note += (
+            f"; trial(s) {', '.join(stray)} ran under another accounting spec than the plan gives their arm "
+            "(see their ledger.json): selection not accounted"
+        )
+    elif not ps.metric_is_private:
+        note += (
+            f"; it assumes the ranking metric is private or public, but '{spec.metric}' is computed from "
+            "users' data outside ε: selection not accounted"
+        )
+    result["note"] = note
+    return result
 
 
-def _selection_privacy(spec: SweepSpec, base: Path | None) -> dict[str, Any]:
-    """The ε of releasing the best trial under ``sweep.private_selection``, and whether it covers
-    this sweep (the theorem needs the ranking metric to be private or public)."""
+def selection_privacy(spec: SweepSpec, raw: dict[str, Any], draws: int | None = None) -> dict[str, Any] | None:
+    """The ε of releasing the best trial under ``sweep.private_selection`` (None without it),
+    computed before any trial runs, from every arm's accounting spec: an arm that was not drawn
+    counts too, since the guarantee is over the random choice of arm.
+
+    ``raw``: the base config's table (:func:`read_base`); ``draws``: the number of trials drawn.
+    All arms' ε must hold for one neighbouring relation; arms under different relations (e.g. a
+    ``fixed`` arm, replace one user, beside a ``poisson`` arm, add/remove one user) are refused:
+    no one guarantee covers choosing among them. Returns :func:`~fedsim.privacy.selection.selection_epsilon`'s
+    dict with ``neighboring_relation``, ``draws`` and ``specs`` (each arm's accounting spec)."""
+    ps = spec.private_selection
+    if ps is None:
+        return None
     from fedsim.data import load_federated
+    from fedsim.privacy.accounting import RELATION_LABELS
     from fedsim.privacy.selection import selection_epsilon
     from fedsim.run.build import resolve_privacy
 
-    ps = spec.private_selection
-    assert ps is not None
-    raw = {} if base is None else read_config_file(base)
-    runs, deltas = [], []
-    for arm in dict.fromkeys(t["arm"] for t in trials(spec)):
-        sets = next(t["sets"] for t in trials(spec) if t["arm"] == arm)
-        cfg = config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + sets + TRIAL_ENGINE))
-        acc = resolve_privacy(cfg, load_federated(cfg.data).population)
-        runs.append((acc, cfg.rounds))
-        deltas.append(acc.delta)
-    out = selection_epsilon(runs, max(deltas), ps.distribution, ps.mean, ps.eta, ps.gamma)
-    out["accounted"] = ps.metric_is_private
-    out["note"] = (
-        f"ε of releasing the selected model: {out['epsilon']:.4g} at δ = {out['delta']:.3g} ({out['theorem']})"
-        + (
-            ""
-            if ps.metric_is_private
-            else f"; it assumes the ranking metric is private or public, but '{spec.metric}' is computed from "
-            "users' data outside ε: selection not accounted"
+    populations: dict[str, int] = {}
+    specs: dict[str, Any] = {}
+    runs = []
+    for t in trials(spec):
+        if t["arm"] in specs:
+            continue
+        cfg = config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + t["sets"] + TRIAL_ENGINE))
+        data_key = cfg.data.model_dump_json()
+        if data_key not in populations:
+            populations[data_key] = load_federated(cfg.data).population
+        specs[t["arm"]] = resolve_privacy(cfg, populations[data_key])
+        runs.append((specs[t["arm"]], cfg.rounds))
+    relations = {s.neighboring_relation for s in specs.values()}
+    if len(relations) > 1:
+        detail = "; ".join(f"{arm}: {RELATION_LABELS[s.neighboring_relation]}" for arm, s in specs.items())
+        raise FedsimError(
+            f"sweep.private_selection: the arms' ε hold for different neighbouring relations ({detail}); "
+            "no one guarantee covers choosing among them. Give every arm the same sampling.scheme (and "
+            "sampling.assignment), or remove [sweep.private_selection]"
         )
-    )
-    return out
+    out = selection_epsilon(runs, max(s.delta for s in specs.values()), ps.distribution, ps.mean, ps.eta, ps.gamma)
+    return {**out, "neighboring_relation": relations.pop(), "draws": draws, "specs": specs}
 
 
 def random_trials(spec: SweepSpec, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -501,28 +560,73 @@ def run_sweep(
     Returns the dict written to ``sweep.json``.
     """
     spec, base = load_spec(spec_path)
-    items = _planned_trials(spec, base, only)
+    raw = read_base(base)
+    items = _planned_trials(spec, raw, only)
+    privacy = selection_privacy(spec, raw, len(items))
     out = Path(out_dir) if out_dir is not None else Path("runs") / "sweeps" / spec.name
     if out.exists() and not resume and (out / "tune").exists():
         raise FedsimError(f"sweep folder {out} already holds a sweep; pass --resume to finish it, or another --out")
     out.mkdir(parents=True, exist_ok=True)
+    _keep_plan(out, sweep_plan(spec, base, raw, only), resume)
     (out / "spec.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=1), encoding="utf-8")
     t0 = time.perf_counter()
-    _fit(spec, base, out, items, resume, address)
-    rows = _collect(out, items, spec.metric)
-    if not rows:
-        raise FedsimError(f"no trial of the sweep finished; Tune's logs are under {out / 'tune'}")
+    if privacy is not None and not items:  # K = 0: the procedure runs nothing and releases nothing
+        rows: list[dict[str, Any]] = []
+    else:
+        _fit(spec, raw, out, items, resume, address)
+        rows = _collect(out, items, spec.metric)
+        if not rows:
+            raise FedsimError(f"no trial of the sweep finished; Tune's logs are under {out / 'tune'}")
     finished = {r["trial"] for r in rows}
     # ASHA stops trials early on purpose: those are not "missing"
     missing = [] if spec.scheduler == "asha" else [t["name"] for t in items if t["name"] not in finished]
-    result = _write_outputs(out, spec, rows, selection_note(spec, arm_table(rows, spec.metric), base))
+    note = selection_note(spec, arm_table(rows, spec.metric), rows, privacy, out)
+    result = _write_outputs(out, spec, rows, note)
     result["wall_seconds"] = time.perf_counter() - t0
     result["missing"] = missing
     (out / "sweep.json").write_text(json.dumps(json_safe(result), indent=1), encoding="utf-8")
     return result
 
 
-def _planned_trials(spec: SweepSpec, base: Path | None, only: str | None) -> list[dict[str, Any]]:
+#: The file in a sweep folder that holds what the sweep was started with (:func:`sweep_plan`).
+PLAN_FILE = "plan.json"
+
+
+def sweep_plan(spec: SweepSpec, base: Path | None, raw: dict[str, Any], only: str | None) -> dict[str, Any]:
+    """What a sweep runs, as data: its spec, the base config's path and table, and ``--only``."""
+    return json.loads(
+        json.dumps(
+            {
+                "spec": spec.model_dump(mode="json"),
+                "base": None if base is None else str(base),
+                "base_config": raw,
+                "only": only,
+            },
+            default=str,  # TOML dates, should a config hold one
+        )
+    )
+
+
+def _keep_plan(out: Path, plan: dict[str, Any], resume: bool) -> None:
+    """Write the plan into a new sweep's folder; on ``--resume``, refuse a spec, base config or
+    ``--only`` that differs from the one the sweep started with (the finished trials ran that one,
+    and the selection's ε is computed for it). A folder from before plans were kept gets one."""
+    path = out / PLAN_FILE
+    if resume and path.exists():
+        started = json.loads(path.read_text(encoding="utf-8"))
+        what = {"spec": "sweep spec", "base_config": f"base config ({plan['base']})", "only": "--only"}
+        changed = [label for key, label in what.items() if started.get(key) != plan[key]]
+        if changed:
+            raise FedsimError(
+                f"sweep folder {out} was started with another {' and '.join(changed)} than now; a resumed sweep "
+                f"runs what it started with (its finished trials and its ε are for that; see {path}). Restore "
+                "the file(s) as they were, or start a new sweep with another --out"
+            )
+        return
+    path.write_text(json.dumps(plan, indent=1), encoding="utf-8")
+
+
+def _planned_trials(spec: SweepSpec, raw: dict[str, Any], only: str | None) -> list[dict[str, Any]]:
     """The trials to run (empty for a search, whose trials Tune draws), every config checked."""
     if spec.search is not None and (spec.arms or spec.axes or spec.private_selection is not None):
         raise FedsimError("sweep.search replaces the grid: remove sweep.arms, sweep.axes and sweep.private_selection")
@@ -533,12 +637,12 @@ def _planned_trials(spec: SweepSpec, base: Path | None, only: str | None) -> lis
             raise FedsimError(f"--only {only!r} matches no trial of the sweep")
     if spec.private_selection is not None:
         items = random_trials(spec, items)
-    check_trials(base, spec, items or trials(spec))
+    check_trials(raw, spec, items or trials(spec))
     return items
 
 
 def _fit(
-    spec: SweepSpec, base: Path | None, out: Path, items: list[dict[str, Any]], resume: bool, address: str | None
+    spec: SweepSpec, raw: dict[str, Any], out: Path, items: list[dict[str, Any]], resume: bool, address: str | None
 ) -> None:
     """Start (or join) Ray and let Tune run the trials."""
     import logging
@@ -559,6 +663,6 @@ def _fit(
         logging_level=logging.ERROR,
     )
     try:
-        _tuner(spec, base, out.resolve(), items, resume).fit()
+        _tuner(spec, raw, out.resolve(), items, resume).fit()
     finally:
         ray.shutdown()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dp_accounting import dp_event
@@ -21,7 +22,7 @@ from fedsim.errors import FedsimError
 from fedsim.privacy.accounting import AccountingSpec
 from fedsim.privacy.rng import PrivacyKey
 from fedsim.privacy.selection import ORDERS, draw_trial_count, expected_trials, selection_epsilon
-from fedsim.run.sweep import check_trials, load_spec, trials
+from fedsim.run.sweep import check_trials, load_spec, read_base, run_sweep, trials
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,13 +66,13 @@ def test_the_grid_is_arms_times_axes_times_seeds(tmp_path):
     }
     one = next(t for t in items if t["name"] == "none,client.lr=1.0,seed=1")
     assert one["sets"][-3:] == ["privacy.mechanism='none'", "client.lr=1.0", "seed=1"]
-    check_trials(base, spec, items)
+    check_trials(read_base(base), spec, items)
 
 
 def test_a_broken_trial_stops_the_sweep_before_it_starts(tmp_path):
     spec, base = load_spec(_spec(tmp_path, SPEC.replace('"privacy.noise_multiplier=1.0"', '"privacy.bands=3"')))
     with pytest.raises(FedsimError, match="privacy.bands"):
-        check_trials(base, spec, trials(spec))
+        check_trials(read_base(base), spec, trials(spec))
     with pytest.raises(FedsimError, match="sweep.seeds"):
         load_spec(_spec(tmp_path, SPEC.replace("seeds = [0, 1]", "seeds = 'zero'")))
 
@@ -83,6 +84,20 @@ def _env() -> dict[str, str]:
     # Ray's socket paths must stay short (AF_UNIX): not under pytest's long tmp_path
     env.update(RAY_TMPDIR=tempfile.mkdtemp(prefix="rs", dir="/tmp"), OMP_NUM_THREADS="1")
     return env
+
+
+def _sweep_json(spec: Path, *args: str) -> dict[str, Any]:
+    """``fedsim sweep SPEC ARGS --json`` in a fresh process; its sweep.json."""
+    r = subprocess.run(
+        [sys.executable, "-m", "fedsim.cli", "sweep", str(spec), *args, "--json"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return dict(json.loads(r.stdout))
 
 
 def _summaries(out: Path) -> dict[str, float]:
@@ -109,19 +124,10 @@ def test_sweep_kill_and_resume_finishes_only_the_missing_trials(tmp_path):
     first.wait()
     done = _summaries(out)
     assert 3 <= len(done) < 8, done
-    r = subprocess.run(
-        [*cmd, "--resume", str(out), "--json"],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    result = _sweep_json(spec, "--resume", str(out))
     after = _summaries(out)
     assert len(after) == 8
     assert all(after[name] == mtime for name, mtime in done.items())  # finished trials never recomputed
-    result = json.loads(r.stdout)
     assert result["missing"] == [] and len(result["trials"]) == 8
     table = {a["arm"]: a for a in result["arms"]}
     assert table["gauss,client.lr=0.5"]["seeds"] == 2 and math.isfinite(table["gauss,client.lr=0.5"]["epsilon"])
@@ -178,6 +184,32 @@ def test_truncated_negative_binomial_selection_and_trial_counts():
     assert min(logs) >= 1 and abs(sum(logs) / len(logs) - ek) < 0.6
 
 
+@pytest.mark.parametrize("eta", [-0.9, -0.5, 0.0, 0.5, 2.0])
+def test_truncated_negative_binomial_pmf_for_every_eta(eta):
+    """The pmf against its product form ``(1−γ)^k/(γ^−η − 1)·∏_{l<k}(l+η)/(l+1)`` (the logarithmic
+    distribution at η = 0). For η ∈ (−1, 0) a lost sign once made every probability negative and
+    the draw 100,001 trials."""
+    from fedsim.privacy.selection import _tnb_pmf
+
+    gamma, ks = 0.1, range(1, 4000)
+    pmf = [_tnb_pmf(k, eta, gamma) for k in ks]
+    if eta == 0:
+        want = [(1 - gamma) ** k / (k * math.log(1 / gamma)) for k in ks]
+    else:
+        want, prod = [], 1.0
+        for k in ks:
+            prod *= (k - 1 + eta) / k
+            want.append((1 - gamma) ** k / (gamma**-eta - 1) * prod)
+    assert pmf == pytest.approx(want, rel=1e-9, abs=1e-300)
+    assert sum(pmf) == pytest.approx(1.0, abs=1e-9)
+    mean = expected_trials("truncated_negative_binomial", 0, eta, gamma)
+    assert sum(k * p for k, p in zip(ks, pmf)) == pytest.approx(mean, rel=1e-9)
+    draws = [
+        draw_trial_count("truncated_negative_binomial", 0, eta, gamma, PrivacyKey.from_seed(s)) for s in range(300)
+    ]
+    assert min(draws) >= 1 and max(draws) < 200 and abs(sum(draws) / len(draws) - mean) < 0.25 * mean
+
+
 def test_a_no_noise_arm_makes_the_selection_unbounded():
     good = AccountingSpec("gaussian", "poisson", 1000, 50, 1.2, 1e-5)
     none = AccountingSpec("none", "poisson", 1000, 50, 0.0, 1e-5)
@@ -197,6 +229,132 @@ def test_private_selection_draws_k_random_arms_with_fresh_seeds(tmp_path):
     assert all(t["arm"] in arms and t["sets"][-1] == f"seed={t['seed']}" for t in a)
 
 
+def _selection_spec(
+    tmp_path: Path, mean: float = 5.0, second_arm: tuple[str, ...] = ("privacy.noise_multiplier=0.8",)
+) -> Path:
+    """SPEC with private selection and a second Gaussian arm (``second_arm``: its extra overrides)."""
+    sets = json.dumps(["privacy.mechanism='gaussian'", "privacy.noise_multiplier=1.0", *second_arm])
+    text = SPEC.replace('name = "none"\nset = ["privacy.mechanism=\'none\'"]', f'name = "gauss2"\nset = {sets}')
+    assert "gauss2" in text
+    return _spec(tmp_path, text + f"\n[sweep.private_selection]\ndistribution = 'poisson'\nmean = {mean}\n")
+
+
+def test_private_selection_prints_its_relation_and_covers_every_arm(tmp_path):
+    from fedsim.privacy.accounting import AccountingSpec as Spec
+    from fedsim.run.sweep import selection_privacy
+
+    spec, base = load_spec(_selection_spec(tmp_path))
+    got = selection_privacy(spec, read_base(base), draws=4)
+    assert got is not None and got["neighboring_relation"] == "add_or_remove_one"
+    # the guarantee is over the random arm: the worst arm (z = 0.8) bounds it, drawn or not
+    worst = Spec("gaussian", "poisson", 40, 10, 0.8, got["delta"])
+    assert got["epsilon"] == pytest.approx(
+        selection_epsilon([(worst, 3)], got["delta"], "poisson", 5.0)["epsilon"], rel=1e-12
+    )
+    assert set(got["specs"]) == {
+        "gauss,client.lr=0.5",
+        "gauss,client.lr=1.0",
+        "gauss2,client.lr=0.5",
+        "gauss2,client.lr=1.0",
+    }
+
+
+def test_private_selection_refuses_arms_under_different_neighbouring_relations(tmp_path):
+    """A fixed-cohort arm's ε is for replacing one user, a Poisson arm's for adding or removing one:
+    the larger ε of the two holds for neither relation over the mixture, so no ε is printed."""
+    from fedsim.run.sweep import selection_privacy
+
+    spec, base = load_spec(_selection_spec(tmp_path, second_arm=("sampling.scheme='fixed'",)))
+    with pytest.raises(FedsimError, match="different neighbouring relations.*replace one user.*same sampling.scheme"):
+        selection_privacy(spec, read_base(base))
+    with pytest.raises(FedsimError, match="different neighbouring relations"):  # before Ray or any trial starts
+        run_sweep(_selection_spec(tmp_path, second_arm=("sampling.scheme='fixed'",)), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_trial_that_ran_under_another_accounting_spec_unaccounts_the_selection(tmp_path):
+    """Attack: a finished trial folder whose ledger holds another spec (a folder copied in from a
+    run with weaker noise) must not be reported as covered by the selection's ε."""
+    from dataclasses import replace
+
+    from fedsim.run.sweep import selection_note, selection_privacy
+
+    spec_path = _selection_spec(tmp_path)
+    spec, base = load_spec(spec_path)
+    spec = spec.model_copy(
+        update={"private_selection": spec.private_selection.model_copy(update={"metric_is_private": True})}
+    )
+    privacy = selection_privacy(spec, read_base(base), draws=2)
+    out = tmp_path / "sweep"
+    rows = []
+    for i, arm in enumerate(["gauss,client.lr=0.5", "gauss2,client.lr=1.0"]):
+        name = f"trial{i:03d},{arm}"
+        (out / "trials" / name).mkdir(parents=True)
+        ran = privacy["specs"][arm]
+        (out / "trials" / name / "ledger.json").write_text(json.dumps({"spec": ran.to_dict()}))
+        rows.append({"trial": name, "arm": arm, "seed": i, "final_eval_accuracy": 0.1 * (i + 1)})
+    good = selection_note(spec, [], rows, privacy, out)
+    assert good["accounted"] is True and good["best_trial"] == "trial001,gauss2,client.lr=1.0"
+    assert "for add/remove one user" in good["note"] and f"{good['epsilon']:.4g}" in good["note"]
+    weaker = replace(privacy["specs"]["gauss2,client.lr=1.0"], noise_multiplier=0.3)
+    (out / "trials" / rows[1]["trial"] / "ledger.json").write_text(json.dumps({"spec": weaker.to_dict()}))
+    bad = selection_note(spec, [], rows, privacy, out)
+    assert bad["accounted"] is False and rows[1]["trial"] in bad["note"] and "not accounted" in bad["note"]
+
+
+def test_k_zero_draws_run_nothing_and_release_nothing(tmp_path):
+    """Poisson K can be 0 (probability e^−μ): the procedure's output is then ⊥, not an error."""
+    key = PrivacyKey.from_seed(0).derive("private-selection").derive("count")
+    assert draw_trial_count("poisson", 0.05, 0, 0.5, key) == 0
+    result = run_sweep(_selection_spec(tmp_path, mean=0.05), tmp_path / "out")
+    assert result["trials"] == [] and result["missing"] == []
+    assert result["selection"]["draws"] == 0 and "releases nothing" in result["selection"]["note"]
+    assert not (tmp_path / "out" / "tune").exists()  # no Ray, no Tune
+
+
+def test_resume_refuses_an_edited_base_config_or_spec(tmp_path):
+    """Attack: editing the base config (or the spec) between a kill and ``--resume`` would run the
+    remaining trials, and compute the selection's ε, for another experiment than the finished
+    trials ran. The sweep reads the base once; a resume with other files is refused before
+    anything runs, and goes on once they are restored."""
+    from fedsim.run.sweep import PLAN_FILE, _keep_plan, sweep_plan
+
+    (tmp_path / "base.toml").write_text("[client]\nlr = 0.5\n", encoding="utf-8")
+    spec_path = _spec(tmp_path, SPEC.replace('name = "tiny"', 'name = "tiny"\nconfig = "base.toml"'))
+    spec, base = load_spec(spec_path)
+    out = tmp_path / "sweep"
+    out.mkdir()
+    _keep_plan(out, sweep_plan(spec, base, read_base(base), None), resume=False)
+    assert json.loads((out / PLAN_FILE).read_text())["base_config"] == {"client": {"lr": 0.5}}
+    (tmp_path / "base.toml").write_text("[client]\nlr = 0.7\n", encoding="utf-8")
+    with pytest.raises(FedsimError, match=r"another base config .*base.toml.*Restore"):
+        run_sweep(spec_path, out, resume=True)
+    (tmp_path / "base.toml").write_text("[client]\nlr = 0.5\n", encoding="utf-8")
+    spec_path.write_text(spec_path.read_text().replace("seeds = [0, 1]", "seeds = [0, 1, 2]"))
+    with pytest.raises(FedsimError, match="another sweep spec"):
+        run_sweep(spec_path, out, resume=True)
+    spec_path.write_text(spec_path.read_text().replace("seeds = [0, 1, 2]", "seeds = [0, 1]"))
+    _keep_plan(out, sweep_plan(*load_spec(spec_path), read_base(base), None), resume=True)  # restored: accepted
+    with pytest.raises(FedsimError, match="--only"):
+        _keep_plan(out, sweep_plan(*load_spec(spec_path), read_base(base), "seed=0"), resume=True)
+
+
+@pytest.mark.e2e
+def test_a_private_selection_sweep_accounts_its_real_trials(tmp_path):
+    """K = 2 trials (seed 0, μ = 1.5) run for real: their ledgers hold the plan's accounting specs,
+    so the selection is accounted (the metric declared private), with ε and its relation."""
+    spec = _selection_spec(tmp_path, mean=1.5)
+    spec.write_text(spec.read_text() + "metric_is_private = true\n")
+    out = tmp_path / "sel"
+    result = _sweep_json(spec, "--out", str(out))
+    sel = result["selection"]
+    assert len(result["trials"]) == sel["draws"] == 2 and result["missing"] == []
+    assert sel["accounted"] is True and sel["best_trial"] in {t["trial"] for t in result["trials"]}
+    assert sel["neighboring_relation"] == "add_or_remove_one" and "for add/remove one user" in sel["note"]
+    assert sel["epsilon"] > sel["trial_epsilon"] > 0
+    assert json.loads((out / "plan.json").read_text())["spec"]["private_selection"]["mean"] == 1.5
+
+
 @pytest.mark.e2e
 def test_an_optuna_search_with_asha(tmp_path):
     text = (
@@ -212,16 +370,7 @@ def test_an_optuna_search_with_asha(tmp_path):
         '"eval.max_users=8"]', '"eval.max_users=8", "privacy.mechanism=\'gaussian\'", "privacy.noise_multiplier=1.0"]'
     )
     out = tmp_path / "search"
-    r = subprocess.run(
-        [sys.executable, "-m", "fedsim.cli", "sweep", str(_spec(tmp_path, text)), "--out", str(out), "--json"],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    result = json.loads(r.stdout)
+    result = _sweep_json(_spec(tmp_path, text), "--out", str(out))
     lrs = [float(t["arm"].split("=")[1]) for t in result["trials"]]
     assert 1 <= len(lrs) <= 3 and all(0.05 <= lr <= 2.0 for lr in lrs)
     assert len(list((out / "tune" / "tiny").glob("*"))) > 0
