@@ -40,6 +40,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -422,7 +423,12 @@ def json_safe(value: Any) -> Any:
 
 
 def selection_note(
-    spec: SweepSpec, table: list[dict[str, Any]], rows: list[dict[str, Any]], privacy: dict[str, Any] | None, out: Path
+    spec: SweepSpec,
+    table: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    privacy: dict[str, Any] | None,
+    out: Path,
+    missing: Sequence[str] = (),
 ) -> dict[str, Any]:
     """What choosing the best arm on private data costs, and whether it is accounted.
 
@@ -430,7 +436,8 @@ def selection_note(
     ``sweep.private_selection``. Under private selection the release is the best single trial
     (``best_trial``; ``best_arm`` is its arm), and every finished trial's ledger must hold the
     accounting spec the plan gives its arm: a trial that ran under another one (its folder reused
-    from elsewhere) leaves the selection not accounted."""
+    from elsewhere) leaves the selection not accounted, and so do ``missing`` trials (the bound is
+    for the best of all ``K``; which trials fail could depend on the data)."""
     pick = max if spec.mode == "max" else min
     if privacy is None:
         scored = [r for r in table if r[spec.metric] is not None]
@@ -461,8 +468,13 @@ def selection_note(
         note = f"K = 0 trials drawn: the procedure releases nothing ({result['theorem']})"
     else:
         note = f"ε of releasing the selected model: {result['epsilon']:.4g} {where} ({result['theorem']})"
-    result["accounted"] = ps.metric_is_private and not stray
-    if stray:
+    result["accounted"] = ps.metric_is_private and not stray and not missing
+    if missing:
+        note += (
+            f"; {len(missing)} of the K = {privacy.get('draws')} trials did not finish (resume the sweep): the bound "
+            "is for the best of all K, so the selection is not accounted"
+        )
+    elif stray:
         note += (
             f"; trial(s) {', '.join(stray)} ran under another accounting spec than the plan gives their arm "
             "(see their ledger.json): selection not accounted"
@@ -580,7 +592,7 @@ def run_sweep(
     finished = {r["trial"] for r in rows}
     # ASHA stops trials early on purpose: those are not "missing"
     missing = [] if spec.scheduler == "asha" else [t["name"] for t in items if t["name"] not in finished]
-    note = selection_note(spec, arm_table(rows, spec.metric), rows, privacy, out)
+    note = selection_note(spec, arm_table(rows, spec.metric), rows, privacy, out, missing)
     result = _write_outputs(out, spec, rows, note)
     result["wall_seconds"] = time.perf_counter() - t0
     result["missing"] = missing
@@ -630,6 +642,12 @@ def _planned_trials(spec: SweepSpec, raw: dict[str, Any], only: str | None) -> l
     """The trials to run (empty for a search, whose trials Tune draws), every config checked."""
     if spec.search is not None and (spec.arms or spec.axes or spec.private_selection is not None):
         raise FedsimError("sweep.search replaces the grid: remove sweep.arms, sweep.axes and sweep.private_selection")
+    if spec.scheduler == "asha" and spec.private_selection is not None:
+        raise FedsimError(
+            "sweep.scheduler = 'asha' stops trials on one another's intermediate scores, and private selection's "
+            "bound is for the best of K independent, complete trials: set sweep.scheduler = 'none', or remove "
+            "[sweep.private_selection]"
+        )
     items = trials(spec) if spec.search is None else []
     if only is not None:
         items = [t for t in items if only in t["name"]]

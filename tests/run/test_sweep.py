@@ -300,6 +300,21 @@ def test_a_trial_that_ran_under_another_accounting_spec_unaccounts_the_selection
     (out / "trials" / rows[1]["trial"] / "ledger.json").write_text(json.dumps({"spec": weaker.to_dict()}))
     bad = selection_note(spec, [], rows, privacy, out)
     assert bad["accounted"] is False and rows[1]["trial"] in bad["note"] and "not accounted" in bad["note"]
+    # a trial that did not finish: the best of the others is not the best of all K
+    (out / "trials" / rows[1]["trial"] / "ledger.json").write_text(
+        json.dumps({"spec": privacy["specs"][rows[1]["arm"]].to_dict()})
+    )
+    short = selection_note(spec, [], rows[:1], privacy, out, missing=[rows[1]["trial"]])
+    assert short["accounted"] is False and "1 of the K = 2 trials did not finish" in short["note"]
+
+
+def test_private_selection_refuses_asha(tmp_path):
+    """ASHA stops a trial on the others' intermediate scores: the trials are no longer independent."""
+    spec_path = _selection_spec(tmp_path)
+    spec_path.write_text(spec_path.read_text().replace("seeds = [0, 1]", "seeds = [0, 1]\nscheduler = 'asha'"))
+    with pytest.raises(FedsimError, match="asha.*independent, complete trials"):
+        run_sweep(spec_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_k_zero_draws_run_nothing_and_release_nothing(tmp_path):
