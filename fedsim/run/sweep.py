@@ -151,6 +151,14 @@ def _value(v: Any) -> str:
     return str(v)
 
 
+def _label(key: str, value: Any) -> str:
+    """``key=value`` for a trial's name, which is also its folder's name: exact (a float by its
+    shortest round-trip form, so two values never share a folder) and without path separators
+    (``%``, ``/`` and ``\\`` written as ``%25``, ``%2F``, ``%5C``)."""
+    text = repr(value) if isinstance(value, float) else str(value)
+    return f"{key}=" + text.replace("%", "%25").replace("/", "%2F").replace("\\", "%5C")
+
+
 def trials(spec: SweepSpec) -> list[dict[str, Any]]:
     """Every trial of the grid: ``{"name", "arm", "seed", "sets"}`` (arms × axes × seeds)."""
     arms = spec.arms or [Arm(name="base")]
@@ -159,7 +167,7 @@ def trials(spec: SweepSpec) -> list[dict[str, Any]]:
     for arm in arms:
         for values in itertools.product(*(spec.axes[k] for k in keys)):
             point = [f"{k}={_value(v)}" for k, v in zip(keys, values)]
-            label = ",".join([arm.name] + [f"{k}={v}" for k, v in zip(keys, values)])
+            label = ",".join([arm.name] + [_label(k, v) for k, v in zip(keys, values)])
             for seed in spec.seeds:
                 sets = [*spec.set, *arm.set, *point, f"seed={seed}"]
                 out.append({"name": f"{label},seed={seed}", "arm": label, "seed": seed, "sets": sets})
@@ -213,7 +221,7 @@ def _searched_trial(config: dict[str, Any]) -> dict[str, Any]:
     """The trial of a search point: its overrides and a name from its values."""
     params = config["params"]
     point = [f"{k}={_value(v)}" for k, v in sorted(params.items())]
-    label = ",".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(params.items()))
+    label = ",".join(_label(k, v) for k, v in sorted(params.items()))
     seed = int(config["seed"])
     return {
         "name": f"{label},seed={seed}",

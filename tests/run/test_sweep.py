@@ -69,6 +69,29 @@ def test_the_grid_is_arms_times_axes_times_seeds(tmp_path):
     check_trials(read_base(base), spec, items)
 
 
+def test_trial_names_are_exact_and_stay_one_folder(tmp_path):
+    """Attack: a trial's name is its folder, and a folder holding ``summary.json`` is reused as
+    finished. Two searched learning rates that agree to 4 digits once shared a name (the second
+    trial took the first's results); a value with ``/`` or ``..`` must not reach another folder."""
+    from fedsim.run.sweep import _searched_trial
+
+    a = _searched_trial({"params": {"client.lr": 0.123456}, "seed": 0, "set": []})
+    b = _searched_trial({"params": {"client.lr": 0.123457}, "seed": 0, "set": []})
+    assert a["name"] != b["name"] and a["sets"][-2] == "client.lr=0.123456"
+    text = SPEC.replace('"client.lr" = [0.5, 1.0]', '"client.lr" = [0.5]\n"data.root" = ["../../x/..", "a%2Fb", "a/b"]')
+    spec, _ = load_spec(_spec(tmp_path, text))
+    names = [t["name"] for t in trials(spec)]
+    assert len(set(names)) == len(names) == 2 * 3 * 2
+    for name in names:
+        folder = tmp_path / "trials" / name
+        assert (
+            "/" not in name
+            and folder.parent == tmp_path / "trials"
+            and folder.resolve().parent == (tmp_path / "trials").resolve()
+        )
+    assert any(t["sets"][-2] == "data.root='../../x/..'" for t in trials(spec))  # the value itself is unchanged
+
+
 def test_a_broken_trial_stops_the_sweep_before_it_starts(tmp_path):
     spec, base = load_spec(_spec(tmp_path, SPEC.replace('"privacy.noise_multiplier=1.0"', '"privacy.bands=3"')))
     with pytest.raises(FedsimError, match="privacy.bands"):
