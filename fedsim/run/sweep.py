@@ -23,7 +23,8 @@ A sweep spec is a TOML file with a ``[sweep]`` table:
 Every trial is one ordinary run folder under ``<out>/trials/`` (the in-process engine, one worker,
 ``sim.client_cpus`` CPUs as its Tune resources); Tune keeps its state under ``<out>/tune/``. A
 killed sweep re-run with ``--resume`` finishes only the trials that did not finish (Tune's
-``Tuner.restore``; a trial whose run folder holds a ``summary.json`` is never recomputed). The
+``Tuner.restore``; a trial whose run folder holds a ``summary.json`` is never recomputed, and one
+killed mid-run continues from its checkpoint). The
 sweep reads its base config once and keeps it, with the spec, in ``<out>/plan.json``: trials are
 configured from that copy, and ``--resume`` refuses a spec or base config edited since the start.
 
@@ -241,17 +242,18 @@ def run_trial(config: dict[str, Any]) -> dict[str, Any] | None:
     if summary_path.exists():  # finished before a crash of the sweep: never recomputed
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     else:
-        if out.exists():  # a trial killed mid-run starts again
-            import shutil
-
-            shutil.rmtree(out)
         # the base table the sweep read when it started (a sweep folder from before plan.json
         # holds only the file's path)
         old_path = config.get("base")
         raw = config["base_config"] if "base_config" in config else read_base(Path(old_path) if old_path else None)
         cfg = config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + t["sets"] + TRIAL_ENGINE))
+        resume = out.exists() and resumable(out, cfg)
+        if out.exists() and not resume:  # killed before its first checkpoint: it starts again
+            import shutil
+
+            shutil.rmtree(out)
         extra: list[RunCallback] = [_ReportRounds(config["metric"])] if config.get("report_rounds") else []
-        summary = run_experiment(cfg, out, progress=False, callbacks=extra)
+        summary = run_experiment(cfg, out, progress=False, callbacks=extra, resume=resume)
     result = _trial_result(summary, config["metric"])
     result["trial"] = t["name"]
     # Tune's loggers take numbers only: ε = ∞ (no noise) is reported as None (sweep.json has "inf")
@@ -262,6 +264,20 @@ def run_trial(config: dict[str, Any]) -> dict[str, Any] | None:
         tune.report(result)
         return None
     return result
+
+
+def resumable(folder: Path, cfg: Any) -> bool:
+    """Whether the trial killed mid-run in ``folder`` continues from its checkpoint (bit-identical to
+    an uninterrupted run): it has one, intact, written with exactly the config ``cfg`` (any
+    difference, even one ``fedsim run --resume --force`` would allow, starts the trial again)."""
+    from fedsim.run.resume import check_resume, load_stored_config
+
+    try:
+        _, stored = load_stored_config(folder)
+        check_resume(stored, cfg, [], str(folder))
+    except (FedsimError, OSError, ValueError, KeyError, RuntimeError):
+        return False
+    return True
 
 
 def _tuner(spec: SweepSpec, raw: dict[str, Any], out: Path, items: list[dict[str, Any]], resume: bool) -> Any:
