@@ -99,19 +99,27 @@ def _delta_hat(spec: AccountingSpec, rounds: int) -> np.ndarray:
 def selection_rdp(
     rdp: np.ndarray, delta_hat: np.ndarray | None, distribution: str, mean: float, eta: float, gamma: float
 ) -> np.ndarray:
-    """``ε′(λ)`` of releasing the best of ``K`` trials, at the :data:`ORDERS` (module docstring)."""
+    """``ε′(λ)`` of releasing the best of ``K`` trials, at the :data:`ORDERS` (module docstring).
+
+    Rényi divergence does not decrease with the order, so a bound at ``λ′`` also holds at every
+    ``λ ≤ λ′``: each order keeps the least bound of itself and the orders above it."""
     lam = np.asarray(ORDERS)
     if distribution == "poisson":
         if delta_hat is None:
             raise FedsimError("the Poisson selection bound needs δ̂ of the trials")
-        return np.asarray(rdp + mean * delta_hat + math.log(mean) / (lam - 1.0))
-    log_ek = math.log(expected_trials(distribution, mean, eta, gamma))
-    extra = min(
-        (1.0 + eta) * (1.0 - 1.0 / lh) * e + (1.0 + eta) * math.log(1.0 / gamma) / lh
-        for lh, e in zip(lam, rdp)
-        if lh >= 1.0
-    )
-    return np.asarray(rdp + extra + log_ek / (lam - 1.0))
+        bound = np.asarray(rdp + mean * delta_hat + math.log(mean) / (lam - 1.0))
+    else:
+        log_ek = math.log(expected_trials(distribution, mean, eta, gamma))
+        extra = min(
+            (1.0 + eta) * (1.0 - 1.0 / lh) * e + (1.0 + eta) * math.log(1.0 / gamma) / lh
+            for lh, e in zip(lam, rdp)
+            if lh >= 1.0
+        )
+        bound = np.asarray(rdp + extra + log_ek / (lam - 1.0))
+    order = np.argsort(lam)
+    out = np.empty_like(bound)
+    out[order] = np.minimum.accumulate(bound[order][::-1])[::-1]
+    return out
 
 
 def selection_epsilon(

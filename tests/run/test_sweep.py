@@ -281,6 +281,31 @@ def test_truncated_negative_binomial_pmf_for_every_eta(eta):
     assert min(draws) >= 1 and max(draws) < 200 and abs(sum(draws) / len(draws) - mean) < 0.25 * mean
 
 
+@pytest.mark.parametrize("shape", [math.inf, 0.0, 1.0, 2.5])
+def test_selection_equals_dp_accountings_repeat_and_select(shape):
+    """dp-accounting's own ``RepeatAndSelectDpEvent`` (its RDP accountant implements the same two
+    theorems, written independently) gives the same ε for one arm: Poisson (shape ∞, with δ̂ from
+    the RDP curve, as dp-accounting takes it) and the truncated negative binomial for η = shape ≥ 0
+    (dp-accounting maps the mean back to γ by bisection, to 1e-9)."""
+    from dp_accounting import dp_event as ev
+    from dp_accounting.rdp.rdp_privacy_accountant import _gamma_truncated_negative_binomial
+
+    spec = AccountingSpec("gaussian", "poisson", 1000, 50, 1.1, 1e-5, accountant="rdp")
+    rounds, delta = 30, 1e-6
+    if shape == math.inf:
+        mean = 6.0
+        ours = selection_epsilon([(spec, rounds)], delta, "poisson", mean)
+    else:
+        gamma = 0.05
+        mean = expected_trials("truncated_negative_binomial", 0, shape, gamma)
+        assert _gamma_truncated_negative_binomial(shape, mean) == pytest.approx(gamma, rel=1e-8)
+        ours = selection_epsilon([(spec, rounds)], delta, "truncated_negative_binomial", eta=shape, gamma=gamma)
+    theirs = RdpAccountant(orders=list(ORDERS))
+    theirs.compose(ev.RepeatAndSelectDpEvent(spec.run_event(rounds), mean, shape))
+    want = theirs.get_epsilon(delta)
+    assert ours["epsilon"] == pytest.approx(want, rel=1e-6)
+
+
 def test_a_no_noise_arm_makes_the_selection_unbounded():
     good = AccountingSpec("gaussian", "poisson", 1000, 50, 1.2, 1e-5)
     none = AccountingSpec("none", "poisson", 1000, 50, 0.0, 1e-5)
