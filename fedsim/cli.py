@@ -196,10 +196,11 @@ def report(
 
     A run with filter.trace_coordinates also gets plots/psd.png. An audit folder (fedsim audit
     --attack canary|user-inference) is printed and its plots redrawn; a sweep folder (fedsim sweep)
-    gets accuracy_vs_epsilon.png and arms.png and its table is printed."""
+    gets accuracy_vs_epsilon.png and arms.png, and its table and the privacy of selecting its best
+    arm are printed."""
     from fedsim.audit_report import format_text_audit, is_text_audit, plot_text_audit, read_text_audit
     from fedsim.report import comparison_table, format_table, plot_ablation, plot_comparison, plot_run
-    from fedsim.sweep_report import is_sweep, plot_sweep
+    from fedsim.sweep_report import is_sweep, plot_sweep, selection_line
 
     audits = [d for d in run_dirs if is_text_audit(d)]
     for d in audits:
@@ -212,6 +213,7 @@ def report(
             typer.echo(f"wrote {f}", err=True)
         if not as_json:
             typer.echo(f"{d}:\n{(d / 'table.md').read_text(encoding='utf-8')}")
+            typer.echo(f"selection: {selection_line(d)}")
     run_dirs = [d / "run" if d in audits else d for d in run_dirs if d not in sweeps]
     if not run_dirs:
         return
@@ -736,7 +738,7 @@ def sweep(
         typer.echo(json.dumps(json_safe(result)))
         return
     typer.echo(markdown_table(result["arms"], result["metric"]))
-    typer.echo(f"selection: {result['selection']['note'] if 'note' in result['selection'] else result['selection']}")
+    typer.echo(f"selection: {result['selection']['note']}")
     if result["missing"]:
         typer.echo(f"fedsim: {len(result['missing'])} trial(s) did not finish; resume with --resume", err=True)
 

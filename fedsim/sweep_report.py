@@ -51,6 +51,14 @@ def plot_accuracy_vs_epsilon(folder: Path, result: dict[str, Any]) -> Path:
     return path
 
 
+def selection_line(folder: str | Path) -> str:
+    """What choosing the best arm of the sweep in ``folder`` costs in privacy: ``sweep.json``'s
+    selection note (the ε of releasing the selected model with its δ, relation and theorem, or
+    "selection not accounted" and why)."""
+    result = json.loads((Path(folder) / "sweep.json").read_text(encoding="utf-8"))
+    return str(result["selection"]["note"])
+
+
 def plot_sweep(folder: str | Path) -> list[Path]:
     """Draw ``accuracy_vs_epsilon.png`` and ``arms.png`` (per-arm curves, :func:`plot_ablation`)
     into the sweep folder; returns the files written."""

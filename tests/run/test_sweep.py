@@ -213,6 +213,7 @@ def test_sweep_kill_and_resume_finishes_only_the_missing_trials(tmp_path):
         [sys.executable, "-m", "fedsim.cli", "report", str(out)], cwd=ROOT, capture_output=True, text=True
     )
     assert r.returncode == 0 and "| gauss,client.lr=0.5 | 2 |" in r.stdout, r.stderr[-2000:]
+    assert "selection: selection not accounted" in r.stdout
     assert (out / "accuracy_vs_epsilon.png").stat().st_size > 0 and (out / "arms.png").stat().st_size > 0
 
 
@@ -464,6 +465,10 @@ def test_a_private_selection_sweep_accounts_its_real_trials(tmp_path):
     assert sel["neighboring_relation"] == "add_or_remove_one" and "for add/remove one user" in sel["note"]
     assert sel["epsilon"] > sel["trial_epsilon"] > 0
     assert json.loads((out / "plan.json").read_text())["spec"]["private_selection"]["mean"] == 1.5
+    r = subprocess.run(
+        [sys.executable, "-m", "fedsim.cli", "report", str(out)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 0 and f"selection: {sel['note']}" in r.stdout, r.stderr[-2000:]
 
 
 @pytest.mark.e2e
