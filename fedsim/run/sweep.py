@@ -600,7 +600,8 @@ def run_sweep(
     items = _planned_trials(spec, raw, only)
     privacy = selection_privacy(spec, raw, len(items))
     out = Path(out_dir) if out_dir is not None else Path("runs") / "sweeps" / spec.name
-    if out.exists() and not resume and (out / "tune").exists():
+    if not resume and any((out / part).exists() for part in ("tune", "trials", PLAN_FILE)):
+        # its trials' summaries would be taken as this sweep's finished trials
         raise FedsimError(f"sweep folder {out} already holds a sweep; pass --resume to finish it, or another --out")
     out.mkdir(parents=True, exist_ok=True)
     _keep_plan(out, sweep_plan(spec, base, raw, only), resume)

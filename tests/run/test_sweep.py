@@ -422,6 +422,13 @@ def test_k_zero_draws_run_nothing_and_release_nothing(tmp_path):
     assert result["trials"] == [] and result["missing"] == []
     assert result["selection"]["draws"] == 0 and "releases nothing" in result["selection"]["note"]
     assert not (tmp_path / "out" / "tune").exists()  # no Ray, no Tune
+    # the folder now holds a sweep: starting another there (not --resume) is refused, and a
+    # folder with another sweep's trials too (their summaries would pass for this sweep's)
+    with pytest.raises(FedsimError, match="already holds a sweep"):
+        run_sweep(_selection_spec(tmp_path, mean=0.05), tmp_path / "out")
+    (tmp_path / "other" / "trials" / "gauss,client.lr=0.5,seed=0").mkdir(parents=True)
+    with pytest.raises(FedsimError, match="already holds a sweep"):
+        run_sweep(_spec(tmp_path), tmp_path / "other")
 
 
 def test_resume_refuses_an_edited_base_config_or_spec(tmp_path):
