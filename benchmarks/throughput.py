@@ -35,7 +35,8 @@ Usage::
                                     [--device cpu|cuda] [--keep-going]
 
 ``--json`` prints rows ``{"system", "workload", "per_round_s", "total_s", "first_round_s",
-"peak_rss_mb", "ratio_to_floor", "load_avg", "device"}`` (medians over repetitions).
+"peak_rss_mb", "ratio_to_floor", "ratio_per_rep", "load_avg", "device"}`` (medians over
+repetitions; ``ratio_per_rep``: the ratio to the floor in each repetition).
 
 ``--device cuda`` trains on the GPU: the floor moves its model and batches there, and fedsim's
 rows add ``sim.client_gpus = 1`` and ``sim.device = 'cuda'``, so ``vectorize = auto`` batches a
@@ -416,6 +417,7 @@ def _summarize(wl: str, per: dict[str, list[dict]], device: str) -> list[dict]:
                 "first_round_s": statistics.median(r["rounds"][0] for r in results),
                 "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
                 "ratio_to_floor": statistics.median(ratio) if ratio else None,
+                "ratio_per_rep": ratio,
                 "vectorized": results[0].get("vectorized"),
                 "load_avg": statistics.median(r["load_avg"] for r in results),
                 "device": device_name,
