@@ -24,9 +24,9 @@ Every trial is one ordinary run folder under ``<out>/trials/`` (the in-process e
 ``sim.client_cpus`` CPUs as its Tune resources); Tune keeps its state under ``<out>/tune/``. A
 killed sweep re-run with ``--resume`` finishes only the trials that did not finish (Tune's
 ``Tuner.restore``; a trial whose run folder holds a ``summary.json`` is never recomputed, and one
-killed mid-run continues from its checkpoint). The
-sweep reads its base config once and keeps it, with the spec, in ``<out>/plan.json``: trials are
-configured from that copy, and ``--resume`` refuses a spec or base config edited since the start.
+killed mid-run continues from its checkpoint). The sweep reads its base config once and keeps it,
+with the spec, in ``<out>/plan.json``: trials are configured from that copy, and ``--resume``
+refuses a spec or base config edited since the start.
 
 The sweep writes ``sweep.json`` (every trial's numbers), ``table.csv`` and ``table.md`` (mean ±
 std over seeds per arm: the metric, ε with its neighbouring relation, wall time) and says what
@@ -181,13 +181,19 @@ def read_base(base: Path | None) -> dict[str, Any]:
     return {} if base is None else read_config_file(base)
 
 
+def trial_config(raw: dict[str, Any], sets: list[str]) -> Any:
+    """The config of a trial with overrides ``sets`` on the base table ``raw``: the sweep's
+    per-trial defaults first, the trial's overrides, then the in-process engine."""
+    return config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + sets + TRIAL_ENGINE))
+
+
 def check_trials(raw: dict[str, Any], spec: SweepSpec, items: list[dict[str, Any]]) -> None:
     """Validate every trial's config (``raw``: the base config's table, :func:`read_base`) before
     anything starts (a broken trial never starts a sweep)."""
     for t in items:
         for item in t["sets"]:
             parse_override(item)
-        config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + t["sets"] + TRIAL_ENGINE))
+        trial_config(raw, t["sets"])
 
 
 def _trial_result(summary: dict[str, Any], metric: str) -> dict[str, Any]:
@@ -246,7 +252,7 @@ def run_trial(config: dict[str, Any]) -> dict[str, Any] | None:
         # holds only the file's path)
         old_path = config.get("base")
         raw = config["base_config"] if "base_config" in config else read_base(Path(old_path) if old_path else None)
-        cfg = config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + t["sets"] + TRIAL_ENGINE))
+        cfg = trial_config(raw, t["sets"])
         resume = out.exists() and resumable(out, cfg)
         if out.exists() and not resume:  # killed before its first checkpoint: it starts again
             import shutil
@@ -275,7 +281,7 @@ def resumable(folder: Path, cfg: Any) -> bool:
     try:
         _, stored = load_stored_config(folder)
         check_resume(stored, cfg, [], str(folder))
-    except (FedsimError, OSError, ValueError, KeyError, RuntimeError):
+    except FedsimError:  # no checkpoint, an unreadable or altered one, or another config
         return False
     return True
 
@@ -343,7 +349,7 @@ def _search_space(search: Search) -> dict[str, Any]:
 
 def _trial_cpus(raw: dict[str, Any], sets: list[str]) -> float:
     """``sim.client_cpus`` of a trial with overrides ``sets``: its Tune resources."""
-    return float(config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + sets + TRIAL_ENGINE)).sim.client_cpus)
+    return float(trial_config(raw, sets).sim.client_cpus)
 
 
 def _collect(out: Path, items: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
@@ -536,7 +542,7 @@ def selection_privacy(spec: SweepSpec, raw: dict[str, Any], draws: int | None = 
     for t in trials(spec):
         if t["arm"] in specs:
             continue
-        cfg = config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + t["sets"] + TRIAL_ENGINE))
+        cfg = trial_config(raw, t["sets"])
         data_key = cfg.data.model_dump_json()
         if data_key not in populations:
             populations[data_key] = load_federated(cfg.data).population

@@ -92,26 +92,18 @@ def test_trial_names_are_exact_and_stay_one_folder(tmp_path):
     assert any(t["sets"][-2] == "data.root='../../x/..'" for t in trials(spec))  # the value itself is unchanged
 
 
-def _trial_config(raw: dict[str, Any], sets: list[str]) -> Any:
-    """A trial's config, as ``run_trial`` builds it."""
-    from fedsim.config import apply_overrides, config_from_dict
-    from fedsim.run.sweep import TRIAL_DEFAULTS, TRIAL_ENGINE
-
-    return config_from_dict(apply_overrides(raw, TRIAL_DEFAULTS + sets + TRIAL_ENGINE))
-
-
 def test_a_trial_killed_mid_run_continues_from_its_checkpoint(tmp_path, monkeypatch):
     """A trial that died after round 2 of 3 (its checkpoint written) continues from it on resume,
     with the model an uninterrupted trial ends with; a folder whose checkpoint was written with
     another config, or that has none, starts again."""
     import fedsim.run.runner as runner
     from fedsim.run.callbacks import RunCallback
-    from fedsim.run.sweep import resumable, run_trial
+    from fedsim.run.sweep import resumable, run_trial, trial_config
 
     spec, base = load_spec(_spec(tmp_path))
     raw = read_base(base)
     trial = next(t for t in trials(spec) if t["name"] == "gauss,client.lr=0.5,seed=1")
-    cfg = _trial_config(raw, trial["sets"])
+    cfg = trial_config(raw, trial["sets"])
 
     class Die(RunCallback):
         def on_round_end(self, row):
@@ -123,7 +115,7 @@ def test_a_trial_killed_mid_run_continues_from_its_checkpoint(tmp_path, monkeypa
         runner.run_experiment(cfg, killed / "trials" / trial["name"], progress=False, callbacks=[Die()])
     folder = killed / "trials" / trial["name"]
     assert not (folder / "summary.json").exists() and resumable(folder, cfg)
-    assert not resumable(folder, _trial_config(raw, [*trial["sets"], "client.lr=0.6"]))
+    assert not resumable(folder, trial_config(raw, [*trial["sets"], "client.lr=0.6"]))
     calls = []
     real = runner.run_experiment
 
