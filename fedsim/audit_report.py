@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.errors import FedsimError
+from fedsim.privacy.display import format_delta, format_epsilon
 
 
 def is_text_audit(folder: str | Path) -> bool:
@@ -114,7 +115,7 @@ def _eps(value: Any) -> str:
 def format_text_audit(report: dict[str, Any]) -> str:
     """The audit's numbers as lines of text, next to the ledger's ε and its relation."""
     lines = [
-        f"ledger ε = {_eps(report['ledger_epsilon'])} at δ = {report['delta']:.3g} "
+        f"ledger ε = {format_epsilon(report['ledger_epsilon'], 3, 'g')} at δ = {format_delta(report['delta'])} "
         f"({report.get('neighboring_relation')}; {report['mechanism']} noise, {report['scheme']} sampling, "
         f"{report['population']} users, {report['rounds']} rounds)"
     ]
@@ -139,6 +140,6 @@ def format_text_audit(report: dict[str, Any]) -> str:
         )
         lines.append(
             f"ε lower bound {_eps(lb['epsilon_lb'])} ({100 * lb['confidence']:.0f}% confidence, {lb['method']}) "
-            f"vs ledger ε {_eps(report['ledger_epsilon'])}"
+            f"vs ledger ε {format_epsilon(report['ledger_epsilon'], 3, 'g')}"
         )
     return "\n".join(lines)

@@ -96,6 +96,8 @@ def run(
             raise FedsimError("--force applies only with --resume")
         cfg = load_config(config, set_ or [])
         summary = run_experiment(cfg, out, progress=not quiet)
+    from fedsim.privacy.display import format_delta, format_epsilon
+
     acc = summary["final_eval_accuracy"]
     eps = summary["epsilon"]
     base = summary["majority_baseline_accuracy"]
@@ -103,7 +105,7 @@ def run(
         f"done: {summary['rounds_completed']} rounds, eval accuracy "
         f"{'–' if acc is None else f'{100 * acc:.2f}%'}"
         f"{'' if base is None else f' (most frequent char {100 * base:.2f}%)'}, "
-        f"ε = {eps if isinstance(eps, str) else f'{eps:.3f}'} at δ = {summary['delta']:.3g} "
+        f"ε = {format_epsilon(eps)} at δ = {format_delta(summary['delta'])} "
         f"({_relation(summary.get('neighboring_relation'))}), {summary['wall_seconds']:.0f} s"
     )
     for k, v in (summary.get("final_eval_metrics") or {}).items():
@@ -141,6 +143,8 @@ def privacy(
     if population < 1:
         raise FedsimError("--population must be ≥ 1")
     report = privacy_report(cfg, population)
+    from fedsim.privacy.display import format_delta, format_epsilon
+
     if as_json:
         typer.echo(json.dumps(report))
     else:
@@ -148,7 +152,7 @@ def privacy(
         typer.echo(
             f"{report['mechanism']} noise, {report['scheme']} sampling (q = {report['sampling_rate']:.4g}), "
             f"N = {population}, {report['rounds']} rounds, z = {report['noise_multiplier']:.4g}: "
-            f"ε = {eps if isinstance(eps, str) else f'{eps:.4f}'} at δ = {report['delta']:.3g} "
+            f"ε = {format_epsilon(eps, 4)} at δ = {format_delta(report['delta'])} "
             f"for {_relation(report['neighboring_relation'])} ({report['accountant']} accountant, "
             f"{report['neighboring_relation']} adjacency, K̄ = {report['cohort_size']:.4g})"
         )
@@ -190,7 +194,14 @@ def report(
             "accuracy vs round per arm and final accuracy ± std."
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print JSON: one line per audit or sweep folder (its audit.json or sweep.json), then "
+            "the runs' table as one list.",
+        ),
+    ] = False,
 ) -> None:
     """Redraw each run's plots (and the filter PSD) and print a comparison table of the runs.
 
@@ -205,13 +216,18 @@ def report(
     audits = [d for d in run_dirs if is_text_audit(d)]
     for d in audits:
         plot_text_audit(d)
-        if not as_json:
+        if as_json:  # one line per audit folder: its audit.json
+            typer.echo(json.dumps({"audit": str(d), **read_text_audit(d)}))
+        else:
             typer.echo(f"{d}:\n{format_text_audit(read_text_audit(d))}")
     sweeps = [d for d in run_dirs if is_sweep(d)]
     for d in sweeps:
         for f in plot_sweep(d):
             typer.echo(f"wrote {f}", err=True)
-        if not as_json:
+        if as_json:  # one line per sweep folder: its sweep.json and the selection line
+            result = json.loads((d / "sweep.json").read_text(encoding="utf-8"))
+            typer.echo(json.dumps({"sweep": str(d), **result, "selection_line": selection_line(d)}))
+        else:
             typer.echo(f"{d}:\n{(d / 'table.md').read_text(encoding='utf-8')}")
             typer.echo(f"selection: {selection_line(d)}")
     run_dirs = [d / "run" if d in audits else d for d in run_dirs if d not in sweeps]
@@ -649,10 +665,14 @@ def audit(
     def fmt(v: object) -> str:
         return v if isinstance(v, str) else f"{v:.3f}"
 
+    from fedsim.privacy.display import format_delta, format_epsilon
+
+    ledger_eps = rep["ledger_epsilon"]  # an upper bound: rounded up, as every printed guarantee
+
     lo, hi = rep["epsilon_interval"]
     typer.echo(
         f"audit: ε estimate {fmt(rep['epsilon_estimate'])} ({100 * rep['confidence']:.0f}% interval "
-        f"{fmt(lo)} to {fmt(hi)}) vs the ledger's ε = {fmt(rep['ledger_epsilon'])} at δ = {rep['delta']:.3g} "
+        f"{fmt(lo)} to {fmt(hi)}) vs the ledger's ε = {format_epsilon(ledger_eps)} at δ = {format_delta(rep['delta'])} "
         f"({_relation(rep.get('neighboring_relation'))}); "
         f"{rep['num_canaries']} canaries, d = {rep['dimension']:,}, final model only. "
         f"An estimate, not a strict lower bound: see {Path(rep['run_dir']) / 'audit.json'}"
@@ -730,6 +750,9 @@ def sweep(
     """
     _offline_env()
     from fedsim.run.sweep import json_safe, markdown_table, run_sweep
+
+    if resume is not None and out is not None:
+        raise FedsimError("--resume DIR finishes the sweep in DIR; drop --out")
 
     result = run_sweep(
         spec, resume if resume is not None else out, address=address, resume=resume is not None, only=only

@@ -115,9 +115,11 @@ class ProgressLine:
         done = row["round"] - self._r0
         rate = done / max(now - self._t0, 1e-9)
         left = (self.total - row["round"]) / rate if rate > 0 else 0.0
+        from fedsim.privacy.display import format_epsilon  # rounded up; imported late: this module stays light
+
         text = (
             f"round {row['round']:>{len(str(self.total))}}/{self.total}  {stats}"
-            f"ε {_fmt(row.get('epsilon'), '.3f')}{f' ({self.relation})' if self.relation else ''}  "
+            f"ε {format_epsilon(row.get('epsilon'))}{f' ({self.relation})' if self.relation else ''}  "
             f"({row.get('seconds', 0):.1f} s, {rate:.2f} rounds/s, ETA {int(left) // 60}m{int(left) % 60:02d}s)"
         )
         if self.tty:

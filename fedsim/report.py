@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedsim.errors import FedsimError
+from fedsim.privacy.display import format_delta, format_epsilon
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
@@ -38,6 +39,8 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("noise_multiplier", "noise"),
     ("epsilon", "epsilon"),
     ("delta", "delta"),
+    ("neighboring_relation", "relation"),
+    ("accountant", "accountant"),
     ("rounds", "rounds"),
     ("population", "population"),
     ("final_eval_accuracy", "final_acc"),
@@ -45,7 +48,7 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("wall_seconds", "wall_s"),
 )
 
-_TEXT_COLUMNS = frozenset({"run", "name", "mechanism"})
+_TEXT_COLUMNS = frozenset({"run", "name", "mechanism", "neighboring_relation", "accountant"})
 
 
 # ----------------------------------------------------------------------------- reading
@@ -283,7 +286,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         else:
             _empty_note(ax, "no ε recorded")
         _round_axis(ax)
-        ax.set_ylabel("ε (spent so far)")
+        ax.set_ylabel(_epsilon_label(summary))
         ax.set_title(f"{name}: privacy budget")
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
@@ -502,7 +505,9 @@ def comparison_table(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
     list of dict
         One dict per run, in the given order, with keys ``run`` (folder name),
         ``name``, ``mechanism``, ``noise_multiplier``, ``epsilon`` (float,
-        ``math.inf`` for no DP), ``delta``, ``rounds`` (rounds completed),
+        ``math.inf`` for no DP), ``delta``, ``neighboring_relation`` (whom ε protects:
+        ``add_or_remove_one``, ``replace_one`` or ``zero_out``), ``accountant`` (the one that
+        computed ε), ``rounds`` (rounds completed),
         ``population``, ``final_eval_accuracy``, ``best_eval_accuracy`` (the
         maximum over all evaluated rounds, None if none was) and ``wall_seconds``.
         Keys missing from a summary are None.
@@ -526,6 +531,8 @@ def comparison_table(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
                 "noise_multiplier": summary.get("noise_multiplier"),
                 "epsilon": summary.get("epsilon"),
                 "delta": summary.get("delta"),
+                "neighboring_relation": summary.get("neighboring_relation"),
+                "accountant": summary.get("accountant"),
                 "rounds": summary.get("rounds_completed"),
                 "population": summary.get("population"),
                 "final_eval_accuracy": summary.get("final_eval_accuracy"),
@@ -534,6 +541,18 @@ def comparison_table(run_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _epsilon_label(summary: dict[str, Any] | None) -> str:
+    """The ε axis's label: with δ (rounded up) and the neighbouring relation where the summary
+    gives them (an ε is a guarantee only with both)."""
+    from fedsim.privacy.accounting import RELATION_LABELS
+
+    summary = summary or {}
+    delta, relation = summary.get("delta"), summary.get("neighboring_relation")
+    if delta is None or relation is None:
+        return "ε (spent so far)"
+    return f"ε spent so far (δ = {format_delta(delta)}, {RELATION_LABELS.get(relation, relation)})"
 
 
 def _cell(key: str, value: Any) -> str:
@@ -547,14 +566,14 @@ def _cell(key: str, value: Any) -> str:
     number = float(value)
     if math.isnan(number):
         return "nan"
-    if key == "epsilon":
-        return "inf" if math.isinf(number) else f"{number:.3g}"
+    if key == "epsilon":  # rounded up: a printed ε never claims more privacy than was accounted
+        return format_epsilon(number, 3, "g")
     if math.isinf(number):
         return "inf" if number > 0 else "-inf"
     if key.endswith("accuracy"):
         return f"{100.0 * number:.2f}%"
-    if key == "delta":
-        return f"{number:.1e}"
+    if key == "delta":  # rounded up, as ε
+        return format_delta(number, 1, "e")
     if key == "noise_multiplier":
         return f"{number:.3g}"
     if key == "wall_seconds":
@@ -578,7 +597,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         A header line, a dashed rule and one line per row, without a trailing
         newline. Text columns are left-aligned and numbers right-aligned;
         accuracies are percentages with 2 decimals, ε has 3 significant digits
-        (or ``inf``), δ is in ``%.1e`` form.
+        (or ``inf``), δ is in ``%.1e`` form, both rounded up.
     """
     headers = [label for _, label in TABLE_COLUMNS]
     body = [[_cell(key, row.get(key)) for key, _ in TABLE_COLUMNS] for row in rows]

@@ -335,7 +335,8 @@ class TensorBoardTracker(BaseTracker):
     """Every numeric value of every row as a TensorBoard scalar in ``<run_dir>/tensorboard/``.
 
     Tags are the row's keys (nested dicts flattened with ``/``, e.g. ``drop_reasons/stale``),
-    the step is the round; values are stored as float32, TensorBoard's scalar type. At start
+    the step is the round; values are stored as float32, TensorBoard's scalar type (ε and δ
+    rounded up to the next float32, never down). At start
     the config is written as text (tab "Text"); at finish the summary's numbers as scalars
     ``summary/<key>`` at the last round, and the summary as text. Each row is flushed to disk
     at once. On resume the rows after the last kept round are purged (TensorBoard's
@@ -376,7 +377,7 @@ class TensorBoardTracker(BaseTracker):
 
     def _write(self, step: int, scalars: dict[str, float]) -> None:
         for tag, value in scalars.items():
-            self._writer.add_scalar(tag, value, global_step=step)
+            self._writer.add_scalar(tag, _stored(tag, value), global_step=step)
         self._writer.flush()
 
     def _close(self, summary: Mapping[str, Any] | None, status: str) -> None:
@@ -384,12 +385,24 @@ class TensorBoardTracker(BaseTracker):
         try:
             if summary is not None:
                 for tag, value in numeric_items(summary).items():
-                    writer.add_scalar(f"summary/{tag}", value, global_step=self.last_round)
+                    writer.add_scalar(f"summary/{tag}", _stored(tag, value), global_step=self.last_round)
                 writer.add_text(
                     "summary", _code_block(json.dumps(dict(summary), indent=1, default=str)), self.last_round
                 )
         finally:
             writer.close()
+
+
+def _stored(tag: str, value: float) -> float:
+    """What a float32 scalar store keeps of ``value``: an ε or δ (tags naming ``epsilon`` or
+    ``delta``) goes up to the least float32 not below it, so the log never shows a smaller ε or
+    δ than was accounted; other values as TensorBoard rounds them."""
+    name = tag.rsplit("/", 1)[-1]
+    if "epsilon" in name or name == "delta":
+        from fedsim.privacy.display import epsilon_float32
+
+        return epsilon_float32(value)
+    return value
 
 
 def _code_block(text: str) -> str:

@@ -247,3 +247,25 @@ def test_factorize_dense_device_flag(capsys):
     assert code == code2 == 0 and got["loss"] == pytest.approx(ref["loss"], rel=1e-10)
     code3, _, err = run_cli(capsys, "factorize", "--mechanism", "dense", "--rounds", "8", "--device", "warp", "--json")
     assert code3 != 0 and "torch device" in err
+
+
+@pytest.mark.parametrize("mech", [["privacy.mechanism='dense'"], ["privacy.mechanism='banded'", "privacy.bands=4"]])
+def test_privacy_refuses_what_a_run_refuses(capsys, mech):
+    """Amplified MF (Poisson inside min_sep groups) holds only for a C with at most min_sep bands;
+    ``fedsim privacy`` printed the amplified ε for a dense or 4-banded C that ``fedsim run``
+    refuses. It now makes the run's checks and prints no ε."""
+    sets = [
+        "rounds=8",
+        "sampling.scheme='min_sep'",
+        "sampling.min_sep=2",
+        "sampling.poisson_within_group=true",
+        "sampling.cohort_size=10",
+        "privacy.noise_multiplier=1.0",
+        *mech,
+    ]
+    args = ["privacy", "--population", "60"]
+    for s in sets:
+        args += ["--set", s]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2 and "ε =" not in out
+    assert "min_sep" in err

@@ -12,6 +12,7 @@ import math
 from dataclasses import fields
 from typing import Any
 
+from fedsim.errors import FedsimError
 from fedsim.privacy.accounting import AccountingSpec, EpsilonCurve, epsilon
 
 
@@ -94,7 +95,16 @@ class Ledger:
         self.entries.append(entry)
         return eps
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, settle: bool = False) -> dict[str, Any]:
+        """The ledger as ``ledger.json`` holds it.
+
+        ``settle``: also give ε after the last recorded round when ``account_every`` skipped it
+        (what a stopped run has spent so far). Only the returned copy carries it, so the state a
+        checkpoint holds, and a resumed run's ledger, stay those of an uninterrupted run.
+        Default False."""
+        entries = [dict(e, epsilon=_json_float(e["epsilon"])) for e in self.entries]
+        if settle and entries and entries[-1]["epsilon"] is None:
+            entries[-1]["epsilon"] = _json_float(self._curve(len(entries)))
         return {
             "format": "fedsim.ledger/1",
             "spec": self.spec.to_dict(),
@@ -104,7 +114,7 @@ class Ledger:
             "budget_split": self.budget_split,
             "notes": self.notes,
             "example_level": None if self.silo is None else self.silo.to_json(per_silo=self.side_statistics),
-            "entries": [dict(e, epsilon=_json_float(e["epsilon"])) for e in self.entries],
+            "entries": entries,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -134,10 +144,33 @@ def check_budget_split(ledger_json: dict[str, Any]) -> float | None:
     )
 
 
+#: What a ledger states beside its spec's fields, each derived from them: a file whose statement
+#: differs from what its fields give (an edited relation or accountant) is refused.
+DERIVED = ("sampling_rate", "effective_accountant", "neighboring_relation", "sensitivity_in_c")
+
+
 def spec_from_ledger(ledger_json: dict[str, Any]) -> AccountingSpec:
-    """The :class:`AccountingSpec` stored in a ``ledger.json``."""
+    """The :class:`AccountingSpec` stored in a ``ledger.json``.
+
+    Raises :class:`FedsimError` when what the file states beside the fields (the neighbouring
+    relation, the accountant, the sampling rate, the sensitivity, the DP event) is not what the
+    fields give: its ε would then be read under a guarantee it was not computed for."""
     names = {f.name for f in fields(AccountingSpec)}
-    return AccountingSpec(**{k: v for k, v in ledger_json["spec"].items() if k in names})
+    stored = ledger_json["spec"]
+    spec = AccountingSpec(**{k: v for k, v in stored.items() if k in names})
+    derived = spec.to_dict()
+    for key in DERIVED:
+        if key in stored and stored[key] != derived[key]:
+            raise FedsimError(
+                f"ledger.json states {key} = {stored[key]!r}, but its spec gives {derived[key]!r}: "
+                "the file was edited or is not fedsim's; recompute from an unedited ledger"
+            )
+    if "dp_event" in ledger_json and ledger_json["dp_event"] != str(spec.round_event()):
+        raise FedsimError(
+            "ledger.json's dp_event is not the event its spec gives: the file was edited or is not "
+            "fedsim's; recompute from an unedited ledger"
+        )
+    return spec
 
 
 def recompute_epsilon(ledger_json: dict[str, Any], rounds: int | None = None) -> float:

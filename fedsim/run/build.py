@@ -149,11 +149,26 @@ def resolve_clipping(
     }
 
 
+def mf_plan(cfg: Config, spec: AccountingSpec, scheme: ParticipationScheme) -> MFPlan | None:
+    """The matrix-factorization plan of a correlated-noise mechanism (None for independent
+    noise). Raises :class:`FedsimError` for a factorization the participation scheme's ε does
+    not hold for (e.g. amplified MF with more bands than ``sampling.min_sep``)."""
+    if not spec.is_mf:
+        return None
+    beta = float(getattr(cfg.server, "momentum", 0.9))  # the momentum workload needs server.momentum
+    return plan_mf(cfg.privacy.mechanism_options(), scheme, cfg.rounds, momentum=beta)
+
+
 def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
-    """What ``fedsim privacy --json`` prints: ε after ``cfg.rounds`` rounds without training."""
+    """What ``fedsim privacy --json`` prints: ε after ``cfg.rounds`` rounds without training.
+
+    The checks ``fedsim run`` makes before it starts are made here too (the MF plan included),
+    so no ε is printed for a setup that a run would refuse."""
     spec = resolve_privacy(cfg, population)
+    scheme = scheme_of(cfg, population)
+    mf_plan(cfg, spec, scheme)
     eps = epsilon(spec, cfg.rounds)
-    _, split = resolve_clipping(cfg, spec, scheme_of(cfg, population))
+    _, split = resolve_clipping(cfg, spec, scheme)
     notes = []
     if cfg.client.error_feedback == "server":
         from fedsim.error_feedback import SERVER_EF_LABEL
@@ -269,10 +284,7 @@ def prepare(cfg: Config, extra_users: int = 0, data: Population | None = None) -
     spec = resolve_privacy(cfg, data.population + extra_users)
     scheme = scheme_of(cfg, data.population + extra_users)
     z_update, split = resolve_clipping(cfg, spec, scheme)
-    plan = None
-    if spec.is_mf:
-        beta = float(getattr(cfg.server, "momentum", 0.9))  # the momentum workload needs server.momentum
-        plan = plan_mf(cfg.privacy.mechanism_options(), scheme, cfg.rounds, momentum=beta)
+    plan = mf_plan(cfg, spec, scheme)
     model = make_model(
         cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"), dp_layers=cfg.privacy.unit == "example"
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,10 +113,12 @@ class LedgerFile(RunCallback):
     def on_start(self, run: Run, out: Path, resumed: bool) -> None:
         self.run, self.out = run, out
 
-    def write(self) -> None:
+    def write(self, settle: bool = False) -> None:
+        """Rewrite ``ledger.json``; ``settle``: with ε after the last recorded round even where
+        ``privacy.account_every`` skipped it (at a stop: what the run has spent so far)."""
         assert self.run is not None and self.out is not None, "on_start comes first"
         tmp = self.out / ".ledger.json.tmp"
-        tmp.write_text(json.dumps(self.run.ledger.to_json(), indent=1), encoding="utf-8")
+        tmp.write_text(json.dumps(self.run.ledger.to_json(settle=settle), indent=1), encoding="utf-8")
         os.replace(tmp, self.out / "ledger.json")
 
     def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
@@ -131,10 +134,14 @@ class Checkpointer(RunCallback):
     Parameters
     ----------
     ledger : the run's ledger file, written with every checkpoint.
+    t_start : the ``time.perf_counter()`` value the run's wall time counts from (moved back by
+        the time a resumed run had spent before its checkpoint); each checkpoint stores the wall
+        time up to it as ``wall_seconds``. Default None: the time this object is made.
     """
 
-    def __init__(self, ledger: LedgerFile) -> None:
+    def __init__(self, ledger: LedgerFile, t_start: float | None = None) -> None:
         self.ledger = ledger
+        self.t_start = time.perf_counter() if t_start is None else float(t_start)
         self.run: Run | None = None
         self.out: Path | None = None
         #: the round of the last checkpoint written by this process (None: none yet).
@@ -157,8 +164,9 @@ class Checkpointer(RunCallback):
     def on_start(self, run: Run, out: Path, resumed: bool) -> None:
         self.run, self.out = run, out
 
-    def save(self, r: int) -> None:
-        """Checkpoint the state after round ``r`` and write the ledger."""
+    def save(self, r: int, settle: bool = False) -> None:
+        """Checkpoint the state after round ``r`` and write the ledger (``settle``: with ε after
+        round ``r`` even where ``privacy.account_every`` skipped it; :meth:`LedgerFile.write`)."""
         run, out = self.run, self.out
         assert run is not None and out is not None, "on_start comes first"
         save_checkpoint(
@@ -171,11 +179,12 @@ class Checkpointer(RunCallback):
                 "sampler": run.sampler.state_dict(),
                 "client_state": None if run.client_store is None else run.client_store.state_dict(),
                 "metrics_rows": r,
+                "wall_seconds": time.perf_counter() - self.t_start,
                 "config": run.resolved.model_dump(mode="json"),
             },
         )
         self.saved = r
-        self.ledger.write()
+        self.ledger.write(settle=settle)
 
     def on_round_end(self, row: dict[str, Any]) -> None:
         assert self.run is not None
@@ -184,8 +193,11 @@ class Checkpointer(RunCallback):
             self.save(r)
 
     def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
-        if status == "stopped" and self.run is not None and self.saved != self.run.server.round:
-            self.save(self.run.server.round)  # the state after the last completed round
+        if status == "stopped" and self.run is not None:
+            if self.saved != self.run.server.round:
+                self.save(self.run.server.round, settle=True)  # the state after the last completed round
+            else:  # the checkpoint is current; the ledger file says what was spent up to it
+                self.ledger.write(settle=True)
 
 
 class Progress(RunCallback):
@@ -270,7 +282,15 @@ class Tracking(RunCallback):
     def on_start(self, run: Run, out: Path, resumed: bool) -> None:
         self.publish = run.publish
         spec = run.spec
-        params = {"noise_multiplier": spec.noise_multiplier, "delta": spec.delta, "population": spec.population}
+        # what every logged ε holds for: δ, the neighbouring relation and the accountant that ran
+        # (the config's privacy.accountant is a request: fixed cohorts are accounted with RDP)
+        params = {
+            "noise_multiplier": spec.noise_multiplier,
+            "delta": spec.delta,
+            "population": spec.population,
+            "neighboring_relation": spec.neighboring_relation,
+            "effective_accountant": spec.effective_accountant,
+        }
         self.group.start(out, run.resolved.model_dump(mode="json"), params)
 
     def on_round_end(self, row: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from fedsim.errors import FedsimError
 from fedsim.interrupt import RunInterrupted, StopRequest
 from fedsim.metrics import SIDE_STATISTICS_NOTE
 from fedsim.privacy.accounting import RELATION_LABELS
+from fedsim.privacy.display import format_delta
 from fedsim.run.build import Deployment, Run, SyntheticUsers, build_run, model_sha256
 from fedsim.run.callbacks import (
     Callbacks,
@@ -107,13 +108,21 @@ def run_experiment(
         (out / "config.toml").write_text(run.resolved.to_toml(), encoding="utf-8")
         if resume:
             Checkpointer.restore(run, ckpt, out)
+            # the wall time spent before the checkpoint counts towards the run's
+            t_start -= float(ckpt.get("wall_seconds", 0.0))
+            # A finished run extended with more rounds is no longer finished: its summary (the
+            # old ε, rounds and model) would outlive a stop or failure of the extension.
+            (out / "summary.json").unlink(missing_ok=True)
         return _execute_run(run, out, t_start, progress, client_app, resume, callbacks or [])
 
 
-def _standard_callbacks(run: Run, progress: bool) -> tuple[MetricsFile, Progress, list[RunCallback]]:
-    """The built-in callbacks of ``run``, in the order they are called."""
+def _standard_callbacks(
+    run: Run, progress: bool, t_start: float | None = None
+) -> tuple[MetricsFile, Progress, list[RunCallback]]:
+    """The built-in callbacks of ``run``, in the order they are called (``t_start``: the
+    ``time.perf_counter()`` the run's wall time counts from, for the checkpoints)."""
     metrics, line, ledger = MetricsFile(), Progress(progress), LedgerFile()
-    cbs: list[RunCallback] = [metrics, Checkpointer(ledger), ledger, line, Plots()]
+    cbs: list[RunCallback] = [metrics, Checkpointer(ledger, t_start), ledger, line, Plots()]
     trackers = run.trackers()
     if trackers:
         cbs.append(Tracking(trackers, warn=lambda text: line.notice(f"fedsim: warning: {text}")))
@@ -125,7 +134,7 @@ def _execute_run(
 ) -> dict[str, Any]:
     """Execute a built run in its (locked) folder ``out``, with its callbacks."""
     cfg = run.cfg
-    metrics, line, cbs = _standard_callbacks(run, progress)
+    metrics, line, cbs = _standard_callbacks(run, progress, t_start)
     callbacks = Callbacks(cbs + extra)
     stop = StopRequest(notice=callbacks.on_stop)
     strategy = make_strategy(run, lambda row, _strategy: callbacks.on_round_end(row), stop)
@@ -204,7 +213,7 @@ def print_header(run: Run, out: Path) -> None:
     )
     print(
         f"fedsim: {cfg.name}: {run.data.population} users, {prep.num_params:,} parameters, {cfg.rounds} rounds, "
-        f"{spec.mechanism} noise z = {spec.noise_multiplier:.4g}, δ = {spec.delta:.3g}, ε for "
+        f"{spec.mechanism} noise z = {spec.noise_multiplier:.4g}, δ = {format_delta(spec.delta)}, ε for "
         f"{RELATION_LABELS[spec.neighboring_relation]} ({spec.scheme} sampling, K̄ = {spec.cohort_size:.4g}), "
         f"{run.n_workers} {workers} → {out}",
         flush=True,

@@ -299,6 +299,29 @@ def test_ledger_recompute_equals_recorded(kw):
     assert rel(eps[-1], expected) < 1e-8
 
 
+@pytest.mark.parametrize(
+    "key,value",
+    [("neighboring_relation", "add_or_remove_one"), ("effective_accountant", "pld"), ("sampling_rate", 0.5)],
+)
+def test_a_ledger_stating_another_guarantee_than_its_spec_gives_is_refused(key, value):
+    """Attack: a fixed-cohort ledger (RDP, replace one user) edited to state add/remove one user or
+    the PLD accountant recomputed to its ε without complaint, so the ε read as a guarantee for the
+    edited relation. Every derived statement, and the DP event, must be what the fields give."""
+    ledger = Ledger(spec(scheme="fixed", cohort_size=K), planned_rounds=3)
+    ledger.record_round(0, K)
+    doc = json.loads(json.dumps(ledger.to_json()))
+    assert doc["spec"]["neighboring_relation"] == "replace_one" and doc["spec"]["effective_accountant"] == "rdp"
+    recompute_epsilon(doc)  # unedited: fine
+    edited = json.loads(json.dumps(doc))
+    edited["spec"][key] = value
+    with pytest.raises(FedsimError, match=key):
+        recompute_epsilon(edited)
+    edited = json.loads(json.dumps(doc))
+    edited["dp_event"] = edited["dp_event"].replace("SampledWithoutReplacement", "PoissonSampled")
+    with pytest.raises(FedsimError, match="dp_event"):
+        recompute_epsilon(edited)
+
+
 def test_ledger_nonprivate_is_strict_json():
     ledger = Ledger(spec(mechanism="none", noise_multiplier=0.0), planned_rounds=3)
     assert ledger.record_round(0, 10) == math.inf

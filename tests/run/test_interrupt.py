@@ -111,8 +111,13 @@ def test_sigint_abandons_the_round_checkpoints_and_resume_is_bit_identical(tmp_p
     """Ctrl-C (SIGINT to the process group) on the in-process engine: exit 130, one line naming
     the resume command, a checkpoint of the last completed round with exactly that many ledger
     entries (the abandoned round drew no noise), and the resumed run ends with the same model
-    and ε as a run that was never interrupted."""
-    sets = SMALL + ["rounds=60", "sim.num_workers=1", "sim.engine='inprocess'"]
+    and ε as a run that was never interrupted.
+
+    With ``privacy.account_every = 7`` most rounds compute no ε; the stopped run's
+    ``ledger.json`` still states ε after its last round (what it spent, recomputed equal from the
+    ledger alone), while the checkpoint's ledger state and the resumed run's final ledger are an
+    uninterrupted run's."""
+    sets = SMALL + ["rounds=60", "sim.num_workers=1", "sim.engine='inprocess'", "privacy.account_every=7"]
     mark = uuid.uuid4().hex
     out = tmp_path / "stopped"
     p = _start(out, sets, mark, quiet=True)
@@ -133,6 +138,12 @@ def test_sigint_abandons_the_round_checkpoints_and_resume_is_bit_identical(tmp_p
     ledger = json.loads((out / "ledger.json").read_text())
     assert len(ledger["entries"]) == done
     assert f"round {done + 1} abandoned" in last
+    from fedsim.privacy.ledger import recompute_epsilon
+
+    assert ledger["entries"][-1]["epsilon"] == pytest.approx(recompute_epsilon(ledger, done), rel=1e-9)
+    if done % 7:  # settled in the file only
+        assert ckpt["server"]["ledger"]["entries"][-1]["epsilon"] is None
+    assert ckpt["wall_seconds"] > 0
 
     r = subprocess.run(
         [sys.executable, "-m", "fedsim.cli", "run", "--quiet", "--resume", str(out)],
@@ -150,6 +161,9 @@ def test_sigint_abandons_the_round_checkpoints_and_resume_is_bit_identical(tmp_p
     a = json.loads((out / "summary.json").read_text())
     b = json.loads((whole / "summary.json").read_text())
     assert a["model_sha256"] == b["model_sha256"] and a["epsilon"] == b["epsilon"]
+    assert a["wall_seconds"] > ckpt["wall_seconds"]  # the time before the stop is counted
+    final_a = json.loads((out / "ledger.json").read_text())["entries"]
+    assert final_a == json.loads((whole / "ledger.json").read_text())["entries"]
     assert [x["train_loss"] for x in _rows(out)] == [x["train_loss"] for x in _rows(whole)]
 
 

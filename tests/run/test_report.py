@@ -212,8 +212,8 @@ def test_comparison_table(dp_run: Path, nodp_run: Path) -> None:
     assert nodp["final_eval_accuracy"] == pytest.approx(0.40)
     assert nodp["epsilon"] == math.inf
     assert set(dp) == {
-        "run", "name", "mechanism", "noise_multiplier", "epsilon", "delta", "rounds",
-        "population", "final_eval_accuracy", "best_eval_accuracy", "wall_seconds",
+        "run", "name", "mechanism", "noise_multiplier", "epsilon", "delta", "neighboring_relation",
+        "accountant", "rounds", "population", "final_eval_accuracy", "best_eval_accuracy", "wall_seconds",
     }  # fmt: skip
 
 
@@ -251,7 +251,10 @@ def test_format_table_empty_and_sparse_rows() -> None:
     assert empty.splitlines()[0].split()[0] == "run"
     sparse = format_table([{"run": "x", "epsilon": 0.123456, "delta": None}])
     row = sparse.splitlines()[2]
-    assert row.startswith("x") and "0.123" in row and "-" in row.split()
+    # ε and δ are rounded up: 0.123456 shows as 0.124 (0.123 would claim more privacy)
+    assert row.startswith("x") and "0.124" in row.split() and "-" in row.split()
+    header = format_table([{"run": "x", "epsilon": 1.0, "delta": 0.017263}]).splitlines()
+    assert "1.8e-02" in header[2].split() and "relation" in header[0].split()
 
 
 # ----------------------------------------------------------------------------- ablation and PSD

@@ -225,3 +225,57 @@ def test_the_default_can_be_shrunk(capsys, tmp_path):
     assert summary["population"] == 40 and summary["cohort_size"] == pytest.approx(40 / 28)
     assert summary["neighboring_relation"] == "add_or_remove_one"
     assert Path(tmp_path / "small" / "ledger.json").exists()
+
+
+class _FailAt:
+    """A run callback that raises after round ``r`` (a crash mid-run)."""
+
+    def __init__(self, r: int) -> None:
+        self.r = r
+
+    def on_start(self, run, out, resumed):
+        pass
+
+    def on_round_end(self, row):
+        if row["round"] == self.r:
+            raise RuntimeError(f"injected failure after round {self.r}")
+
+    def on_stop(self, signal_name):
+        pass
+
+    def on_end(self, summary, status):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_an_extended_run_that_fails_keeps_no_stale_summary_and_counts_all_wall_time(capsys, tmp_path):
+    """A finished 2-round run resumed with ``rounds = 4`` that fails in round 3 must not leave the
+    2-round summary (its smaller ε, read by ``fedsim report``) beside a 3-round ledger; the run
+    resumed again to the end counts the wall time spent before its checkpoint."""
+    import torch
+
+    from fedsim.run import run_experiment
+    from fedsim.run.resume import resume_config
+
+    out = tmp_path / "grown"
+    code, _, err = run_cli(
+        capsys, "run", "--quiet", "--out", str(out), *_sets(SMALL + ["rounds=2", "privacy.noise_multiplier=1.0"])
+    )
+    assert code == 0, err
+    old = json.loads((out / "summary.json").read_text())
+    assert old["rounds_completed"] == 2
+    cfg = resume_config(out, None, ["rounds=4"], ["rounds"])
+    with pytest.raises(RuntimeError, match="injected failure"):
+        run_experiment(cfg, out, progress=False, resume=True, callbacks=[_FailAt(3)])
+    assert not (out / "summary.json").exists(), "the 2-round summary outlived the extension"
+    ledger = json.loads((out / "ledger.json").read_text())
+    assert len(ledger["entries"]) == 3
+    before = torch.load(out / "checkpoint" / "checkpoint.pt", weights_only=False)["wall_seconds"]
+    assert before > old["wall_seconds"] * 0.5  # the first process's time is carried, not restarted
+    time.sleep(0.3)
+    summary = run_experiment(resume_config(out, None, [], []), out, progress=False, resume=True)
+    assert summary["rounds_completed"] == 4
+    assert summary["wall_seconds"] > before
+    assert summary["epsilon"] == pytest.approx(_eps(1.0, 4), rel=1e-9) and summary["epsilon"] > old["epsilon"]

@@ -46,11 +46,17 @@ def test_a_run_writes_every_row_to_tensorboard_and_mlflow(tmp_path, monkeypatch)
     eps = acc.Scalars("epsilon")
     assert [e.step for e in eps] == [r["round"] for r in rows]
     assert [e.value for e in eps] == pytest.approx([r["epsilon"] for r in rows], rel=1e-6)
+    # float32 keeps an upper bound only if rounded up: the logged ε is never below the ledger's
+    assert all(e.value >= r["epsilon"] for e, r in zip(eps, rows, strict=True))
     # Read through the environment, as a user's shell would; monkeypatch undoes it, so the
     # store does not leak into later tests (a global ``mlflow.set_tracking_uri`` would).
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     runs = mlflow.search_runs(search_all_experiments=True)
     assert len(runs) == 1 and runs.iloc[0]["params.privacy.noise_multiplier"] == "1.0"
+    # what the logged ε holds for, next to it
+    assert runs.iloc[0]["params.neighboring_relation"] == "add_or_remove_one"
+    assert runs.iloc[0]["params.effective_accountant"] == "pld"
+    assert float(runs.iloc[0]["params.delta"]) == json.loads((out / "summary.json").read_text())["delta"]
     hist = mlflow.tracking.MlflowClient().get_metric_history(runs.iloc[0]["run_id"], "epsilon")
     assert [(m.step, pytest.approx(m.value, rel=1e-9)) for m in hist] == [(r["round"], r["epsilon"]) for r in rows]
     artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(runs.iloc[0]["run_id"])}
