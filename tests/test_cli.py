@@ -269,3 +269,11 @@ def test_privacy_refuses_what_a_run_refuses(capsys, mech):
     code, out, err = run_cli(capsys, *args)
     assert code == 2 and "ε =" not in out
     assert "min_sep" in err
+
+
+def test_sweep_refuses_out_with_resume(capsys, tmp_path):
+    """``--resume DIR`` finishes the sweep in DIR; an ``--out`` beside it was silently ignored."""
+    spec = tmp_path / "s.toml"
+    spec.write_text("[sweep]\nseeds = [0]\n")
+    code, _, err = run_cli(capsys, "sweep", str(spec), "--resume", str(tmp_path / "a"), "--out", str(tmp_path / "b"))
+    assert code == 2 and "drop --out" in err
