@@ -26,8 +26,8 @@ import statistics
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-#: the arms, in the table's order (the spec's [[sweep.arms]]).
-MECHS = ("gaussian", "blt", "banded", "dense")
+#: the arms, in the table's order (the spec's [[sweep.arms]]; other arms found under --out follow).
+MECHS = ("gaussian", "blt", "banded")
 
 
 def markdown_table(out: Path) -> str:
@@ -42,7 +42,7 @@ def markdown_table(out: Path) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for e in sorted({e for _, e in rows}):
-        for m in [m for m in MECHS if (m, e) in rows]:
+        for m in [m for m in MECHS if (m, e) in rows] + sorted(m for m, x in rows if x == e and m not in MECHS):
             r = rows[(m, e)]
             for s in r.values():
                 if abs(s["epsilon"] - e) > 1e-3:
@@ -62,16 +62,28 @@ def markdown_table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def is_started(out: Path) -> bool:
+    """Whether ``out`` already holds this sweep, to be resumed: ``run_sweep`` refuses to start a new
+    one where ``plan.json`` (written before Ray starts), ``tune/`` or ``trials/`` exists."""
+    from fedsim.run.sweep import PLAN_FILE
+
+    return any((out / part).exists() for part in (PLAN_FILE, "tune", "trials"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/mechanism_grid"))
-    ap.add_argument("--only", help="run only the trials whose name contains this text")
+    ap.add_argument(
+        "--only",
+        help="run only the trials that have each comma-separated part of this text as a whole part of their "
+        "name (e.g. 'blt' or 'privacy.target_epsilon=8.0,seed=0')",
+    )
     ap.add_argument("--table", action="store_true", help="only print the markdown table of the finished runs")
     args = ap.parse_args()
     if not args.table:
         from fedsim.run.sweep import run_sweep
 
-        resume = (args.out / "tune").exists()
+        resume = is_started(args.out)
         run_sweep(HERE / "sweeps" / "mechanism_grid.toml", args.out, resume=resume, only=args.only)
     print(markdown_table(args.out))
 

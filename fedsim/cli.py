@@ -737,16 +737,22 @@ def sweep(
         ),
     ] = None,
     only: Annotated[
-        str | None, typer.Option(help="Run only the trials whose name contains this text (e.g. 'seed=0').")
+        str | None,
+        typer.Option(
+            help="Run only the grid's trials that have each comma-separated part of this text as a whole "
+            "part of their name (e.g. 'seed=0' or 'blt,seed=0'; 'seed=1' does not match 'seed=10')."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print sweep.json.")] = False,
 ) -> None:
     """Run a sweep on Ray Tune: a base config × named arms × a grid of overrides × seeds.
 
     Every trial is an ordinary run folder under <out>/trials/ (in-process engine, sim.client_cpus
-    CPUs each; Tune runs trials in parallel). Writes sweep.json, table.csv and table.md (mean ± std
-    over seeds per arm: the metric, ε and its relation, wall time) and says whether selecting the
-    best arm is accounted (sweep.private_selection). `fedsim report SWEEP_DIR` draws it.
+    CPUs each; Tune runs trials in parallel). Writes sweep.json, table.csv and table.md (per arm:
+    seeds finished/planned, mean ± std over seeds of the metric and wall time, ε with its δ and
+    relation); a finished trial whose ledger differs from its arm's plan is left out and named
+    'not as planned'. Says whether selecting the best arm is accounted (sweep.private_selection).
+    `fedsim report SWEEP_DIR` draws it.
     """
     _offline_env()
     from fedsim.run.sweep import json_safe, markdown_table, run_sweep
@@ -763,7 +769,12 @@ def sweep(
     typer.echo(markdown_table(result["arms"], result["metric"]))
     typer.echo(f"selection: {result['selection']['note']}")
     if result["missing"]:
-        typer.echo(f"fedsim: {len(result['missing'])} trial(s) did not finish; resume with --resume", err=True)
+        failed = len(result.get("failed") or [])
+        typer.echo(
+            f"fedsim: {len(result['missing'])} trial(s) did not finish"
+            f"{f' ({failed} failed)' if failed else ''}; resume with --resume",
+            err=True,
+        )
 
 
 deploy_app = typer.Typer(

@@ -28,9 +28,12 @@ killed mid-run continues from its checkpoint). The sweep reads its base config o
 with the spec, in ``<out>/plan.json``: trials are configured from that copy, and ``--resume``
 refuses a spec or base config edited since the start.
 
-The sweep writes ``sweep.json`` (every trial's numbers), ``table.csv`` and ``table.md`` (mean ±
-std over seeds per arm: the metric, ε with its neighbouring relation, wall time) and says what
-the selection of the best arm costs in privacy (:mod:`fedsim.privacy.selection`).
+The sweep writes ``sweep.json`` (every trial's numbers), ``table.csv`` and ``table.md`` (per arm:
+seeds finished/planned, mean ± std over seeds of the metric and wall time, ε with its δ and
+neighbouring relation) and says what the selection of the best arm costs in privacy
+(:mod:`fedsim.privacy.selection`). Every finished trial's ledger must hold the accounting spec
+planned for its arm (:func:`not_as_planned`): one that does not is left out of the table and
+named; trials that did not finish are listed as ``missing``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import json
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -140,7 +144,39 @@ def load_spec(path: str | Path) -> tuple[SweepSpec, Path | None]:
     base = DEFAULT_EXPERIMENT if spec.config is None else (p.parent / spec.config).resolve()
     if len({a.name for a in spec.arms}) != len(spec.arms):
         raise FedsimError(f"sweep spec {p}: arm names must be distinct")
+    _check_distinct(spec, p)
     return spec, base
+
+
+def _repeats(values: Sequence[Any]) -> list[Any]:
+    """The values that equal an earlier one (``0.5`` and ``0.50`` are one value)."""
+    return [v for i, v in enumerate(values) if any(v == w for w in values[:i])]
+
+
+def _check_distinct(spec: SweepSpec, path: Path) -> None:
+    """Refuse a spec whose grid names one trial twice: a repeated seed or axis value (the trial's
+    results would be counted twice in its arm's mean) or two grid points whose trial names agree
+    (they would share one run folder, and the second would take the first's results)."""
+    seeds = _repeats(spec.seeds)
+    if seeds:
+        raise FedsimError(
+            f"sweep spec {path}: sweep.seeds repeats {', '.join(map(str, seeds))}; a seed runs once per arm "
+            "(a repeat would count its results twice): remove the repeats"
+        )
+    for key, values in spec.axes.items():
+        same = _repeats(values)
+        if same:
+            raise FedsimError(
+                f'sweep spec {path}: sweep.axes."{key}" repeats {", ".join(map(repr, same))}; each value runs '
+                "once (a repeat would count its results twice): remove the repeats"
+            )
+    names = [t["name"] for t in trials(spec)]
+    clash = sorted(n for n, c in Counter(names).items() if c > 1)
+    if clash:
+        raise FedsimError(
+            f"sweep spec {path}: different grid points get the same trial name ({'; '.join(clash[:3])}), so they "
+            "would share one run folder: make the axis values distinct as text (e.g. not both 1 and '1')"
+        )
 
 
 def _value(v: Any) -> str:
@@ -152,12 +188,19 @@ def _value(v: Any) -> str:
     return str(v)
 
 
+#: characters a trial name writes as ``%XX``: the path separators (a name is a folder), the
+#: separators of the name's own ``key=value`` parts (``,`` and ``=``, so two grid points never share
+#: a name), and ``|`` and line breaks (which would break a markdown table's row).
+_ESCAPES = {"%": "%25", "/": "%2F", "\\": "%5C", ",": "%2C", "=": "%3D", "|": "%7C", "\n": "%0A", "\r": "%0D"}
+
+
 def _label(key: str, value: Any) -> str:
     """``key=value`` for a trial's name, which is also its folder's name: exact (a float by its
-    shortest round-trip form, so two values never share a folder) and without path separators
-    (``%``, ``/`` and ``\\`` written as ``%25``, ``%2F``, ``%5C``)."""
+    shortest round-trip form, so two values never share a folder) and unambiguous: ``%``, ``/``,
+    ``\\``, ``,``, ``=``, ``|`` and line breaks in the value are written as ``%XX``
+    (:data:`_ESCAPES`; a value with none of them keeps its plain text)."""
     text = repr(value) if isinstance(value, float) else str(value)
-    return f"{key}=" + text.replace("%", "%25").replace("/", "%2F").replace("\\", "%5C")
+    return f"{key}=" + "".join(_ESCAPES.get(c, c) for c in text)
 
 
 def trials(spec: SweepSpec) -> list[dict[str, Any]]:
@@ -354,12 +397,8 @@ def _trial_cpus(raw: dict[str, Any], sets: list[str]) -> float:
 
 def _collect(out: Path, items: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
     """Every finished trial's result, read from its run folder (what Tune reported, and more).
-    ``items``: the grid's trials; empty for a search, whose trials are the folders found."""
-    if not items:
-        items = [
-            {"name": p.name, "arm": p.name.rsplit(",seed=", 1)[0], "seed": int(p.name.rsplit(",seed=", 1)[1])}
-            for p in sorted((out / "trials").glob("*,seed=*"))
-        ]
+    ``items``: the trials (the grid's, or the points a search ran); a trial without a
+    ``summary.json`` did not finish."""
     rows = []
     for t in items:
         path = out / "trials" / t["name"] / "summary.json"
@@ -369,31 +408,129 @@ def _collect(out: Path, items: list[dict[str, Any]], metric: str) -> list[dict[s
     return rows
 
 
-def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+def _arm_plans(raw: dict[str, Any], items: Sequence[dict[str, Any]]) -> dict[str, tuple[Any, int]]:
+    """Each arm's planned accounting spec and rounds, from the config of its first trial in
+    ``items`` (its trials differ only in the seed, which the accounting does not read); the data is
+    loaded once per data config for its population. ``raw``: the base config's table."""
+    from fedsim.data import load_federated
+    from fedsim.run.build import resolve_privacy
+
+    populations: dict[str, int] = {}
+    plans: dict[str, tuple[Any, int]] = {}
+    for t in items:
+        if t["arm"] in plans:
+            continue
+        cfg = trial_config(raw, t["sets"])
+        data_key = cfg.data.model_dump_json()
+        if data_key not in populations:
+            populations[data_key] = load_federated(cfg.data).population
+        plans[t["arm"]] = (resolve_privacy(cfg, populations[data_key]), cfg.rounds)
+    return plans
+
+
+def planned_specs(raw: dict[str, Any], items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Each arm's :class:`~fedsim.privacy.accounting.AccountingSpec` as the plan gives it (what a
+    trial of the arm must have run under), computed once per arm.
+
+    Parameters
+    ----------
+    raw : the base config's table (:func:`read_base`).
+    items : trials (``{"name", "arm", "seed", "sets"}``); the first one of each arm is used.
+    """
+    return {arm: plan[0] for arm, plan in _arm_plans(raw, items).items()}
+
+
+def not_as_planned(out: Path, rows: Sequence[dict[str, Any]], specs: dict[str, Any]) -> list[str]:
+    """The finished trials that did not run as planned: their ``ledger.json`` is missing or holds
+    another accounting spec than ``specs`` gives their arm, or their ``summary.json``'s δ or
+    neighbouring relation differs from it (a folder copied in from another run, say). Such a
+    trial's ε holds for another spec, so it is never averaged into its arm's row.
+
+    Parameters
+    ----------
+    out : the sweep folder (trials under ``out/trials/<name>/``).
+    rows : finished trials (:func:`_collect`'s rows: ``trial``, ``arm``, and from ``summary.json``
+        ``delta`` and ``neighboring_relation`` where known).
+    specs : arm → its planned accounting spec (:func:`planned_specs`).
+    """
+    from fedsim.privacy.ledger import spec_from_ledger
+
+    bad = []
+    for r in rows:
+        planned = specs.get(r["arm"])
+        ledger = out / "trials" / r["trial"] / "ledger.json"
+        try:
+            ran = spec_from_ledger(json.loads(ledger.read_text(encoding="utf-8"))) if ledger.exists() else None
+        except (FedsimError, ValueError, KeyError, TypeError):  # an unreadable ledger proves nothing
+            ran = None
+        summary_differs = planned is not None and (
+            ("delta" in r and r["delta"] != planned.delta)
+            or ("neighboring_relation" in r and r["neighboring_relation"] != planned.neighboring_relation)
+        )
+        if planned is None or ran != planned or summary_differs:
+            bad.append(r["trial"])
+    return bad
+
+
+def _mean_sd(values: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample std of the finite values (std None for fewer than two: there is none)."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if not vals:
         return None, None
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
 
 
-def arm_table(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
-    """Mean ± std over seeds per arm: the metric, ε (with its relation), wall time."""
+def _worst_epsilon(eps: list[float | None]) -> float | None:
+    """An arm's ε: the largest of its trials' (∞ if any is ∞; its trials share one accounting spec,
+    so they agree unless one stopped early), None without any."""
+    known = [e for e in eps if e is not None]
+    return max(known) if known else None
+
+
+def arm_table(
+    rows: list[dict[str, Any]],
+    metric: str,
+    planned: dict[str, int] | None = None,
+    stray: Sequence[str] = (),
+    arms: Sequence[dict[str, Any]] = (),
+) -> list[dict[str, Any]]:
+    """One row per arm: mean ± std over seeds of the metric and wall time, ε (the largest of the
+    arm's trials: ∞ if any is ∞), δ and the neighbouring relation, and how many trials finished.
+
+    Parameters
+    ----------
+    rows : finished trials that ran as planned (:func:`_collect`, less :func:`not_as_planned`).
+    metric : the metric's key in the rows.
+    planned : arm → number of trials planned for it (None: as many as finished).
+    stray : names of trials that finished but not as planned (counted in their arm's
+        ``not_as_planned``, never in its numbers).
+    arms : every planned trial (``{"name", "arm"}``): arms none of whose trials finished get a row
+        too, and ``stray`` names are mapped to their arms.
+
+    The trials of an arm must share δ and relation (:func:`not_as_planned` ensures it); if they do
+    not, the row's ε, δ and relation are None and ``relation`` says "mixed" rather than one of them.
+    """
+    arm_of = {t["name"]: t["arm"] for t in arms}
+    order = list(dict.fromkeys([*(t["arm"] for t in arms), *(r["arm"] for r in rows)]))
     table = []
-    for arm in dict.fromkeys(r["arm"] for r in rows):
+    for arm in order:
         group = [r for r in rows if r["arm"] == arm]
         m, m_sd = _mean_sd([r[metric] for r in group])
-        eps = [r["epsilon"] for r in group]
-        e, e_sd = _mean_sd(eps)
         w, w_sd = _mean_sd([r["wall_seconds"] for r in group])
+        kinds = {(r.get("neighboring_relation"), r.get("delta")) for r in group}
+        mixed = len(kinds) > 1
+        relation, delta = (None, None) if mixed or not kinds else next(iter(kinds))
         table.append(
             {
                 "arm": arm,
                 "seeds": len(group),
+                "planned": len(group) if planned is None else planned.get(arm, len(group)),
+                "not_as_planned": sum(1 for n in stray if arm_of.get(n) == arm),
                 metric: m,
                 f"{metric}_std": m_sd,
-                "epsilon": math.inf if all(math.isinf(x) for x in eps) else e,
-                "epsilon_std": e_sd,
-                "neighboring_relation": group[0]["neighboring_relation"],
+                "epsilon": None if mixed else _worst_epsilon([r["epsilon"] for r in group]),
+                "delta": delta,
+                "neighboring_relation": "mixed" if mixed else relation,
                 "wall_seconds": w,
                 "wall_seconds_std": w_sd,
             }
@@ -402,29 +539,61 @@ def arm_table(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
 
 
 def _fmt(m: float | None, sd: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    """``mean ± std`` (the mean alone, marked "(1 seed)", without a std; "–" without a mean)."""
     if m is None:
         return "–"
     if math.isinf(m):
         return "∞"
-    return f"{m * scale:.{digits}f} ± {(sd or 0.0) * scale:.{digits}f}"
+    if sd is None:
+        return f"{m * scale:.{digits}f} (1 seed)"
+    return f"{m * scale:.{digits}f} ± {sd * scale:.{digits}f}"
+
+
+def _cell(value: Any) -> str:
+    """A markdown table cell: ``|`` escaped and line breaks as spaces (they would end the row)."""
+    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def _seeds_cell(r: dict[str, Any]) -> str:
+    """``finished/planned`` (and how many finished not as planned)."""
+    text = f"{r['seeds']}/{r.get('planned', r['seeds'])}"
+    if r.get("not_as_planned"):
+        text += f" (+{r['not_as_planned']} not as planned, left out)"
+    return text
 
 
 def markdown_table(table: list[dict[str, Any]], metric: str) -> str:
-    """The arm table as markdown (accuracy-like metrics in percent)."""
+    """The arm table as markdown (accuracy-like metrics in percent; ε and δ rounded up)."""
+    from fedsim.privacy.display import format_epsilon
+
     pct = metric.endswith("accuracy")
-    head = f"| arm | seeds | {metric}{' %' if pct else ''} | ε | relation | wall s |"
-    lines = [head, "|---|---|---|---|---|---|"]
+    head = f"| arm | seeds done/planned | {metric}{' %' if pct else ''} | ε | δ | relation | wall s |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
     for r in table:
-        lines.append(
-            f"| {r['arm']} | {r['seeds']} | {_fmt(r[metric], r[f'{metric}_std'], 100 if pct else 1)} | "
-            f"{_fmt(r['epsilon'], r['epsilon_std'], digits=3)} | {r['neighboring_relation']} | "
-            f"{_fmt(r['wall_seconds'], r['wall_seconds_std'], digits=0)} |"
-        )
+        eps = r["epsilon"]
+        cells = [
+            r["arm"],
+            _seeds_cell(r),
+            _fmt(r[metric], r[f"{metric}_std"], 100 if pct else 1),
+            "∞" if eps is not None and math.isinf(eps) else format_epsilon(eps, 3, "f"),
+            format_epsilon(r.get("delta"), 3, "g"),
+            r["neighboring_relation"] or "–",
+            _fmt(r["wall_seconds"], r["wall_seconds_std"], digits=1),
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
-def _write_outputs(out: Path, spec: SweepSpec, rows: list[dict[str, Any]], selection: dict[str, Any]) -> dict[str, Any]:
-    table = arm_table(rows, spec.metric)
+def _csv_safe(value: Any) -> Any:
+    """A CSV cell: text that a spreadsheet would run as a formula (``= + - @`` first) gets a ``'``."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@"):
+        return "'" + value
+    return value
+
+
+def _write_outputs(
+    out: Path, spec: SweepSpec, rows: list[dict[str, Any]], selection: dict[str, Any], table: list[dict[str, Any]]
+) -> dict[str, Any]:
     result = {
         "name": spec.name,
         "metric": spec.metric,
@@ -437,12 +606,13 @@ def _write_outputs(out: Path, spec: SweepSpec, rows: list[dict[str, Any]], selec
     with (out / "table.csv").open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(table[0]) if table else ["arm"])
         writer.writeheader()
-        writer.writerows(table)
+        writer.writerows({k: _csv_safe(v) for k, v in r.items()} for r in table)
     (out / "table.md").write_text(markdown_table(table, spec.metric) + "\n", encoding="utf-8")
     return result
 
 
 def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float written as ``"inf"`` (JSON has no ∞)."""
     if isinstance(value, dict):
         return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -452,6 +622,13 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def _stray_note(stray: Sequence[str]) -> str:
+    return (
+        f"; trial(s) {', '.join(stray)} did not run as planned (their ledger.json holds another accounting spec "
+        "than the plan gives their arm): not as planned, left out of the table"
+    )
+
+
 def selection_note(
     spec: SweepSpec,
     table: list[dict[str, Any]],
@@ -459,6 +636,7 @@ def selection_note(
     privacy: dict[str, Any] | None,
     out: Path,
     missing: Sequence[str] = (),
+    stray: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """What choosing the best arm on private data costs, and whether it is accounted.
 
@@ -467,49 +645,55 @@ def selection_note(
     (``best_trial``; ``best_arm`` is its arm), and every finished trial's ledger must hold the
     accounting spec the plan gives its arm: a trial that ran under another one (its folder reused
     from elsewhere) leaves the selection not accounted, and so do ``missing`` trials (the bound is
-    for the best of all ``K``; which trials fail could depend on the data)."""
+    for the best of all ``K``; which trials fail could depend on the data). ``stray``: the trials
+    that finished not as planned (:func:`not_as_planned`; ``rows`` then holds only the others),
+    None to check ``rows`` here (private selection only). They are named in the note, as
+    ``not_as_planned``, for every sweep."""
+    from fedsim.privacy.display import format_epsilon
+
     pick = max if spec.mode == "max" else min
     if privacy is None:
         scored = [r for r in table if r[spec.metric] is not None]
+        note = (
+            "selection not accounted: choosing the best arm by a metric computed on users' data "
+            "is itself a release that the per-run ε does not cover (configure sweep.private_selection)"
+        )
         return {
             "best_arm": pick(scored, key=lambda r: r[spec.metric])["arm"] if scored else None,
             "accounted": False,
-            "note": "selection not accounted: choosing the best arm by a metric computed on users' data "
-            "is itself a release that the per-run ε does not cover (configure sweep.private_selection)",
+            "not_as_planned": list(stray or []),
+            "note": note + (_stray_note(stray) if stray else ""),
         }
     from fedsim.privacy.accounting import RELATION_LABELS
-    from fedsim.privacy.ledger import spec_from_ledger
 
+    if stray is None:
+        stray = not_as_planned(out, rows, privacy["specs"])
+        rows = [r for r in rows if r["trial"] not in stray]
     result = {k: v for k, v in privacy.items() if k != "specs"}
     scored_trials = [r for r in rows if r[spec.metric] is not None]
     best = pick(scored_trials, key=lambda r: r[spec.metric]) if scored_trials else None
     result["best_trial"] = None if best is None else best["trial"]
     result["best_arm"] = None if best is None else best["arm"]
-    stray = []
-    for r in rows:
-        ledger = out / "trials" / r["trial"] / "ledger.json"
-        ran = spec_from_ledger(json.loads(ledger.read_text(encoding="utf-8"))) if ledger.exists() else None
-        if ran != privacy["specs"].get(r["arm"]):
-            stray.append(r["trial"])
+    result["not_as_planned"] = list(stray)
     ps = spec.private_selection
     assert ps is not None
-    where = f"at δ = {result['delta']:.3g} for {RELATION_LABELS[result['neighboring_relation']]}"
+    where = f"at δ = {format_epsilon(result['delta'], 3, 'g')} for {RELATION_LABELS[result['neighboring_relation']]}"
     if privacy.get("draws") == 0:
         note = f"K = 0 trials drawn: the procedure releases nothing ({result['theorem']})"
     else:
-        note = f"ε of releasing the selected model: {result['epsilon']:.4g} {where} ({result['theorem']})"
+        note = (
+            f"ε of releasing the selected model: {format_epsilon(result['epsilon'], 4, 'g')} {where} "
+            f"({result['theorem']})"
+        )
     result["accounted"] = ps.metric_is_private and not stray and not missing
     if missing:
         note += (
             f"; {len(missing)} of the K = {privacy.get('draws')} trials did not finish (resume the sweep): the bound "
             "is for the best of all K, so the selection is not accounted"
         )
-    elif stray:
-        note += (
-            f"; trial(s) {', '.join(stray)} ran under another accounting spec than the plan gives their arm "
-            "(see their ledger.json): selection not accounted"
-        )
-    elif not ps.metric_is_private:
+    if stray:
+        note += _stray_note(stray) + "; selection not accounted"
+    if not missing and not stray and not ps.metric_is_private:
         note += (
             f"; it assumes the ranking metric is private or public, but '{spec.metric}' is computed from "
             "users' data outside ε: selection not accounted"
@@ -531,23 +715,12 @@ def selection_privacy(spec: SweepSpec, raw: dict[str, Any], draws: int | None = 
     ps = spec.private_selection
     if ps is None:
         return None
-    from fedsim.data import load_federated
     from fedsim.privacy.accounting import RELATION_LABELS
     from fedsim.privacy.selection import selection_epsilon
-    from fedsim.run.build import resolve_privacy
 
-    populations: dict[str, int] = {}
-    specs: dict[str, Any] = {}
-    runs = []
-    for t in trials(spec):
-        if t["arm"] in specs:
-            continue
-        cfg = trial_config(raw, t["sets"])
-        data_key = cfg.data.model_dump_json()
-        if data_key not in populations:
-            populations[data_key] = load_federated(cfg.data).population
-        specs[t["arm"]] = resolve_privacy(cfg, populations[data_key])
-        runs.append((specs[t["arm"]], cfg.rounds))
+    plans = _arm_plans(raw, trials(spec))
+    specs = {arm: plan[0] for arm, plan in plans.items()}
+    runs = list(plans.values())
     relations = {s.neighboring_relation for s in specs.values()}
     if len(relations) > 1:
         detail = "; ".join(f"{arm}: {RELATION_LABELS[s.neighboring_relation]}" for arm, s in specs.items())
@@ -597,14 +770,22 @@ def run_sweep(
     out_dir : the sweep folder (default ``runs/sweeps/<name>``; with ``resume``, the folder to resume).
     address : join this Ray cluster (``HOST:PORT`` of its head) instead of starting a local Ray.
     resume : finish a killed sweep in ``out_dir``: only its unfinished trials run.
-    only : run only the grid's trials whose name contains this text (e.g. ``blt,`` or ``seed=0``).
+    only : run only the grid's trials that have each comma-separated part of this text as a whole
+        part of their name (e.g. ``blt`` for an arm, ``seed=0``, or ``blt,seed=0``; ``seed=1`` does
+        not match ``seed=10``).
 
-    Returns the dict written to ``sweep.json``.
+    Returns the dict written to ``sweep.json``: besides the trials, the arm table and the
+    selection, ``missing`` (trials that did not finish: not run yet, or failed, for a grid and a
+    search alike; a trial ASHA stopped early on purpose is not missing), ``failed`` (those Tune
+    reports as errored) and ``not_as_planned`` (finished trials whose ledger holds another
+    accounting spec than the plan gives their arm: left out of the table).
     """
     spec, base = load_spec(spec_path)
     raw = read_base(base)
     items = _planned_trials(spec, raw, only)
     privacy = selection_privacy(spec, raw, len(items))
+    # every arm's accounting spec, computed before anything runs: each finished trial is checked against it
+    specs = privacy["specs"] if privacy is not None else planned_specs(raw, items)
     out = Path(out_dir) if out_dir is not None else Path("runs") / "sweeps" / spec.name
     if not resume and any((out / part).exists() for part in ("tune", "trials", PLAN_FILE)):
         # its trials' summaries would be taken as this sweep's finished trials
@@ -613,20 +794,31 @@ def run_sweep(
     _keep_plan(out, sweep_plan(spec, base, raw, only), resume)
     (out / "spec.json").write_text(json.dumps(spec.model_dump(mode="json"), indent=1), encoding="utf-8")
     t0 = time.perf_counter()
-    if privacy is not None and not items:  # K = 0: the procedure runs nothing and releases nothing
-        rows: list[dict[str, Any]] = []
-    else:
-        _fit(spec, raw, out, items, resume, address)
-        rows = _collect(out, items, spec.metric)
-        if not rows:
-            raise FedsimError(f"no trial of the sweep finished; Tune's logs are under {out / 'tune'}")
-    finished = {r["trial"] for r in rows}
-    # ASHA stops trials early on purpose: those are not "missing"
-    missing = [] if spec.scheduler == "asha" else [t["name"] for t in items if t["name"] not in finished]
-    note = selection_note(spec, arm_table(rows, spec.metric), rows, privacy, out, missing)
-    result = _write_outputs(out, spec, rows, note)
+    outcomes: list[tuple[dict[str, Any], bool]] = []
+    if privacy is None or items:  # K = 0: the procedure runs nothing and releases nothing
+        outcomes = _fit(spec, raw, out, items, resume, address)
+    if spec.search is not None:  # the points Tune drew (a point drawn twice is one trial)
+        items = list({t["name"]: t for t, _ in outcomes}.values())
+        specs = planned_specs(raw, items)
+    found = _collect(out, items, spec.metric)
+    if (privacy is None or items) and not found:
+        raise FedsimError(f"no trial of the sweep finished; Tune's logs are under {out / 'tune'}")
+    stray = not_as_planned(out, found, specs)
+    rows = [r for r in found if r["trial"] not in stray]
+    finished = {r["trial"] for r in found}
+    errored = {t["name"] for t, error in outcomes if error}
+    # ASHA stops trials early on purpose: those are not "missing" (the ones that failed are)
+    missing = [
+        t["name"] for t in items if t["name"] not in finished and (spec.scheduler != "asha" or t["name"] in errored)
+    ]
+    planned = Counter(t["arm"] for t in items)
+    table = arm_table(rows, spec.metric, dict(planned), stray, items)
+    note = selection_note(spec, table, rows, privacy, out, missing, stray)
+    result = _write_outputs(out, spec, rows, note, table)
     result["wall_seconds"] = time.perf_counter() - t0
     result["missing"] = missing
+    result["failed"] = [n for n in missing if n in errored]
+    result["not_as_planned"] = stray
     (out / "sweep.json").write_text(json.dumps(json_safe(result), indent=1), encoding="utf-8")
     return result
 
@@ -669,8 +861,45 @@ def _keep_plan(out: Path, plan: dict[str, Any], resume: bool) -> None:
     path.write_text(json.dumps(plan, indent=1), encoding="utf-8")
 
 
+def _matches_only(name: str, only: str) -> bool:
+    """Whether the trial ``name`` has every comma-separated part of ``only`` as a whole part
+    (``seed=1`` matches ``…,seed=1`` but not ``…,seed=10``; ``blt`` matches the arm ``blt``)."""
+    parts = set(name.split(","))
+    wanted = [p for p in only.split(",") if p]
+    return bool(wanted) and all(p in parts for p in wanted)
+
+
+def _search_points(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Trials that stand for every value a search can draw, to check before anything runs: each
+    ``choice`` value and each range's endpoints (as floats, as Tune draws them), one key at a
+    time, the other keys at their first value. Refuses an empty ``choice`` and a range whose
+    endpoints are not ``low <= high`` (``0 < low`` for ``loguniform``)."""
+    assert spec.search is not None
+    candidates: dict[str, list[Any]] = {}
+    for key, dist in spec.search.space.items():
+        if len(dist) != 1:
+            raise FedsimError(f"sweep.search.space.{key}: give one of loguniform, uniform or choice")
+        ((kind, values),) = dist.items()
+        if kind == "choice":
+            if not values:
+                raise FedsimError(f"sweep.search.space.{key}.choice is empty: give at least one value")
+            candidates[key] = list(values)
+            continue
+        if len(values) != 2 or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            raise FedsimError(f"sweep.search.space.{key}.{kind} must be [low, high] (two numbers)")
+        low, high = float(values[0]), float(values[1])
+        if not low <= high or (kind == "loguniform" and low <= 0):
+            need = "0 < low <= high" if kind == "loguniform" else "low <= high"
+            raise FedsimError(f"sweep.search.space.{key}.{kind} = [{low:g}, {high:g}]: need {need}")
+        candidates[key] = [low, high]
+    first = {k: v[0] for k, v in candidates.items()}
+    points = [first] + [{**first, k: v} for k, vals in candidates.items() for v in vals[1:]]
+    return [_searched_trial({"params": p, "seed": spec.seeds[0], "set": list(spec.set)}) for p in points]
+
+
 def _planned_trials(spec: SweepSpec, raw: dict[str, Any], only: str | None) -> list[dict[str, Any]]:
-    """The trials to run (empty for a search, whose trials Tune draws), every config checked."""
+    """The trials to run (empty for a search, whose trials Tune draws), every config checked (for a
+    search: every choice and both ends of every range, :func:`_search_points`)."""
     if spec.search is not None and (spec.arms or spec.axes or spec.private_selection is not None):
         raise FedsimError("sweep.search replaces the grid: remove sweep.arms, sweep.axes and sweep.private_selection")
     if spec.scheduler == "asha" and spec.private_selection is not None:
@@ -679,21 +908,50 @@ def _planned_trials(spec: SweepSpec, raw: dict[str, Any], only: str | None) -> l
             "bound is for the best of K independent, complete trials: set sweep.scheduler = 'none', or remove "
             "[sweep.private_selection]"
         )
-    items = trials(spec) if spec.search is None else []
+    if spec.search is not None:
+        if only is not None:
+            raise FedsimError("--only picks trials of a grid; a search's trials are drawn by Tune: remove --only")
+        for t in _search_points(spec):
+            try:
+                check_trials(raw, spec, [t])
+            except FedsimError as e:
+                raise FedsimError(
+                    f"sweep.search.space: the search can draw the trial {t['name']}, whose config is invalid ({e}); "
+                    "change the choice values or the range in sweep.search.space"
+                ) from None
+        return []
+    items = trials(spec)
     if only is not None:
-        items = [t for t in items if only in t["name"]]
+        items = [t for t in items if _matches_only(t["name"], only)]
         if not items:
-            raise FedsimError(f"--only {only!r} matches no trial of the sweep")
+            raise FedsimError(
+                f"--only {only!r} matches no trial of the sweep (each comma-separated part must be a whole part of "
+                "a trial's name, e.g. 'seed=0' or an arm's name)"
+            )
     if spec.private_selection is not None:
         items = random_trials(spec, items)
     check_trials(raw, spec, items or trials(spec))
     return items
 
 
+def _outcomes(grid: Any) -> list[tuple[dict[str, Any], bool]]:
+    """Every trial of Tune's ``ResultGrid`` as ``(trial, errored)``: the trial dict (the grid's, or
+    the one a search point names, :func:`_searched_trial`) and whether it failed."""
+    outcomes = []
+    for i in range(len(grid)):
+        r = grid[i]
+        config = r.config or {}
+        if "trial" not in config and "params" not in config:
+            continue
+        t = config["trial"] if "trial" in config else _searched_trial(config)
+        outcomes.append((t, r.error is not None))
+    return outcomes
+
+
 def _fit(
     spec: SweepSpec, raw: dict[str, Any], out: Path, items: list[dict[str, Any]], resume: bool, address: str | None
-) -> None:
-    """Start (or join) Ray and let Tune run the trials."""
+) -> list[tuple[dict[str, Any], bool]]:
+    """Start (or join) Ray and let Tune run the trials; returns :func:`_outcomes` of every trial."""
     import logging
     import os
 
@@ -712,6 +970,6 @@ def _fit(
         logging_level=logging.ERROR,
     )
     try:
-        _tuner(spec, raw, out.resolve(), items, resume).fit()
+        return _outcomes(_tuner(spec, raw, out.resolve(), items, resume).fit())
     finally:
         ray.shutdown()

@@ -192,6 +192,8 @@ def test_sweep_kill_and_resume_finishes_only_the_missing_trials(tmp_path):
     assert len(after) == 8
     assert all(after[name] == mtime for name, mtime in done.items())  # finished trials never recomputed
     assert result["missing"] == [] and len(result["trials"]) == 8
+    # every real trial (the no-noise arm too) ran under the accounting spec the plan gives its arm
+    assert result["not_as_planned"] == [] and "not as planned" not in result["selection"]["note"]
     table = {a["arm"]: a for a in result["arms"]}
     assert table["gauss,client.lr=0.5"]["seeds"] == 2 and math.isfinite(table["gauss,client.lr=0.5"]["epsilon"])
     assert table["none,client.lr=0.5"]["epsilon"] == "inf"
@@ -204,9 +206,18 @@ def test_sweep_kill_and_resume_finishes_only_the_missing_trials(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "fedsim.cli", "report", str(out)], cwd=ROOT, capture_output=True, text=True
     )
-    assert r.returncode == 0 and "| gauss,client.lr=0.5 | 2 |" in r.stdout, r.stderr[-2000:]
+    assert r.returncode == 0 and "| gauss,client.lr=0.5 | 2/2 |" in r.stdout, r.stderr[-2000:]
     assert "selection: selection not accounted" in r.stdout
     assert (out / "accuracy_vs_epsilon.png").stat().st_size > 0 and (out / "arms.png").stat().st_size > 0
+    # --json: the sweep folder as one JSON line (it printed nothing before)
+    r = subprocess.run(
+        [sys.executable, "-m", "fedsim.cli", "report", "--json", str(out)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    (line,) = r.stdout.strip().splitlines()
+    doc = json.loads(line)
+    assert doc["sweep"] == str(out) and doc["selection_line"].startswith("selection not accounted")
+    assert {a["arm"] for a in doc["arms"]} == set(table)
 
 
 def _rdp(event: dp_event.DpEvent) -> list[float]:
