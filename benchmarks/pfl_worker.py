@@ -89,7 +89,8 @@ def main() -> None:
         x, y = users[int(uid)]
         return Dataset(raw_data=[x, y], user_id=uid)
 
-    def sampler() -> str:  # without replacement within a cohort, as fedsim's "fixed" scheme
+    def sampler() -> str:  # users from a shuffled long list: a cohort may repeat a user (fedsim's
+        # "fixed" scheme never does); every W1/W2 user has the same sample count, so the work is the same
         return ids[int(next(order))]
 
     train = FederatedDataset(dataset, sampler)

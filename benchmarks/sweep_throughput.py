@@ -10,8 +10,10 @@ seeds (4 × 3 × 3 = 36 trials by default). Two ways to run it, timed in the sam
 - ``sweep``: ``fedsim sweep SPEC`` (Ray Tune; every trial asks for ``sim.client_cpus`` = 1 CPU,
   so Tune runs as many at once as the machine has cores, and reuses its workers' imports).
 
-Both write ordinary run folders; the script checks that every trial's ε and final accuracy are
-the same both ways (the same work was done), then prints the wall times and their ratio. The
+Both write ordinary run folders; the script checks that every trial's ε and final model hash
+are the same both ways (the same work was done: the hash tells trials with other learning rates
+or seeds apart, which ε and a one-example accuracy do not), then prints the wall times and their
+ratio. The
 order alternates with ``--reps`` so that drifting machine load hits both alike.
 
 Usage::
@@ -71,9 +73,11 @@ def sweep(spec_path: Path, out: Path, env: dict[str, str]) -> float:
     return time.perf_counter() - t0
 
 
-def _summary(folder: Path) -> tuple[float, float]:
+def _summary(folder: Path) -> tuple[float, str]:
+    """A trial's ε and model hash (the hash tells every trial apart; ε alone does not depend on
+    the learning rates or the seed)."""
     s = json.loads((folder / "summary.json").read_text())
-    return s["epsilon"], s.get("final_eval_accuracy")
+    return s["epsilon"], s["model_sha256"]
 
 
 def main() -> None:
@@ -98,7 +102,7 @@ def main() -> None:
             for how in ["sequential", "sweep"] if rep % 2 == 0 else ["sweep", "sequential"]:
                 out = tmp / f"{how}-{rep}"
                 wall[how] = sequential(out, items, env) if how == "sequential" else sweep(spec_path, out, env)
-            for t in items:  # the same work both ways: the same ε and final accuracy per trial
+            for t in items:  # the same work both ways: the same ε and final model per trial
                 a = _summary(tmp / f"sequential-{rep}" / t["name"])
                 b = _summary(tmp / f"sweep-{rep}" / "trials" / t["name"])
                 if a != b:

@@ -17,8 +17,8 @@ Every system trains exactly ``K`` users per round (``sampling.scheme = "fixed"``
 times compare the same work. The floors, Flower and pfl run with the C library's allocator
 settings; fedsim's processes with ``sim.allocator = "tuned"`` (its default). Systems: ``floor`` (one thread, a plain loop: copy the global model, local SGD, clip, sum, add
 Gaussian noise, step — the same users and DP steps as fedsim), ``floor-2proc`` (the same loop
-on two processes, half the cohort each, sums sent through a pipe: the lowest per-round time two
-cores allow, against which the two-worker rows are read), ``fedsim-inprocess`` (one
+on two processes, half the cohort each, sums sent through a pipe: what this loop takes on two
+cores, against which the two-worker rows are read), ``fedsim-inprocess`` (one
 worker, no Ray; vectorized where the model allows), ``fedsim-inprocess-seq`` (vectorization
 off), ``fedsim-inprocess-batched`` (``vectorize = on``: LSTM users batched too, which ``auto``
 does only on a GPU), ``fedsim-ray`` (two Ray workers). The floor computes no ε; fedsim runs with
@@ -133,7 +133,10 @@ GPU_SYSTEMS = ("floor", "fedsim-inprocess", "fedsim-inprocess-seq")
 GPU_OVERRIDES = ["sim.client_gpus=1", "sim.device='cuda'"]
 
 #: What both floors share: the run's config, data and model on one thread, and ``train``: copy
-#: the global model, local SGD, clip, sum (user by user), for the users given.
+#: the global model, local SGD, clip, sum (user by user), for the users given. The SGD step is
+#: ``p -= lr·grad`` on each parameter, as fedsim's clients do it: a ``torch.optim.SGD`` per user
+#: (what earlier passes used) costs W2's floor about a third of its round in optimizer overhead
+#: and imports ``torch._dynamo`` (1.5 s) in its first round.
 _FLOOR_SETUP = r"""
 import json, os, sys, time
 import numpy as np, torch
@@ -155,13 +158,15 @@ def train(users, x, gen):
     total = torch.zeros_like(x)
     for u in users:
         torch.nn.utils.vector_to_parameters(x.clone(), params)
-        opt = torch.optim.SGD(params, lr=lr)
         perm = torch.randperm(data.num_train(int(u)), generator=gen)[:m].numpy()
         for s in range(0, len(perm), B):
             xb, yb = data.train_samples(int(u), np.sort(perm[s:s + B]))
-            opt.zero_grad()
+            for p in params:
+                p.grad = None
             data.loss(model(xb.to(dev)), yb.to(dev)).backward()
-            opt.step()
+            with torch.no_grad():  # plain SGD, as fedsim's clients step (no optimizer object)
+                for p in params:
+                    p.add_(p.grad, alpha=-lr)
         d = torch.nn.utils.parameters_to_vector(params).detach() - x
         total += d * min(1.0, c / (float(d.norm()) + 1e-12))
     return total
@@ -195,9 +200,8 @@ report(rounds, t0)
 
 #: The floor on two processes: the parent and one forked child each train half of the cohort
 #: (longest first, as fedsim's scheduler), the child sends its sum of clipped deltas through a
-#: pipe, the parent adds noise, steps, and sends the new model back. The least a two-process
-#: system must do, so the lowest per-round time two cores allow for this work (memory and cache
-#: contention between the two included).
+#: pipe, the parent adds noise, steps, and sends the new model back: what this loop takes on two
+#: cores (memory and cache contention between the two included).
 FLOOR_2PROC = (
     _FLOOR_SETUP
     + r"""
