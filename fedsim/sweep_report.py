@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fedsim.privacy.display import format_epsilon
+from fedsim.privacy.display import format_delta
 
 
 def is_sweep(folder: str | Path) -> bool:
@@ -35,7 +35,7 @@ def privacy_label(relation: str | None, delta: Any) -> str:
     from fedsim.privacy.accounting import RELATION_LABELS
 
     words = "relation unknown" if relation is None else RELATION_LABELS.get(relation, relation)
-    return f"{words}, δ = {format_epsilon(delta, 3, 'g', none='unknown')}"
+    return f"{words}, δ = {format_delta(delta, none='unknown')}"
 
 
 def plot_accuracy_vs_epsilon(folder: Path, result: dict[str, Any]) -> Path:

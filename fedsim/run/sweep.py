@@ -564,7 +564,7 @@ def _seeds_cell(r: dict[str, Any]) -> str:
 
 def markdown_table(table: list[dict[str, Any]], metric: str) -> str:
     """The arm table as markdown (accuracy-like metrics in percent; ε and δ rounded up)."""
-    from fedsim.privacy.display import format_epsilon
+    from fedsim.privacy.display import format_delta, format_epsilon
 
     pct = metric.endswith("accuracy")
     head = f"| arm | seeds done/planned | {metric}{' %' if pct else ''} | ε | δ | relation | wall s |"
@@ -576,7 +576,7 @@ def markdown_table(table: list[dict[str, Any]], metric: str) -> str:
             _seeds_cell(r),
             _fmt(r[metric], r[f"{metric}_std"], 100 if pct else 1),
             "∞" if eps is not None and math.isinf(eps) else format_epsilon(eps, 3, "f"),
-            format_epsilon(r.get("delta"), 3, "g"),
+            format_delta(r.get("delta")),
             r["neighboring_relation"] or "–",
             _fmt(r["wall_seconds"], r["wall_seconds_std"], digits=1),
         ]
@@ -649,7 +649,7 @@ def selection_note(
     that finished not as planned (:func:`not_as_planned`; ``rows`` then holds only the others),
     None to check ``rows`` here (private selection only). They are named in the note, as
     ``not_as_planned``, for every sweep."""
-    from fedsim.privacy.display import format_epsilon
+    from fedsim.privacy.display import format_delta, format_epsilon
 
     pick = max if spec.mode == "max" else min
     if privacy is None:
@@ -677,7 +677,7 @@ def selection_note(
     result["not_as_planned"] = list(stray)
     ps = spec.private_selection
     assert ps is not None
-    where = f"at δ = {format_epsilon(result['delta'], 3, 'g')} for {RELATION_LABELS[result['neighboring_relation']]}"
+    where = f"at δ = {format_delta(result['delta'])} for {RELATION_LABELS[result['neighboring_relation']]}"
     if privacy.get("draws") == 0:
         note = f"K = 0 trials drawn: the procedure releases nothing ({result['theorem']})"
     else:
