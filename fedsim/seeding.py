@@ -32,3 +32,10 @@ def make_generator(seed: int, *keys: object, device: str | torch.device = "cpu")
     g = torch.Generator(device=device)
     g.manual_seed(derive_seed(seed, *keys))
     return g
+
+
+def reseed(g: torch.Generator, seed: int, *keys: object) -> torch.Generator:
+    """Reset ``g`` to the state :func:`make_generator` gives a fresh generator for the same
+    ``(seed, *keys)`` (one generator reused over many users instead of one built per user)."""
+    g.manual_seed(derive_seed(seed, *keys))
+    return g

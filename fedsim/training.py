@@ -32,7 +32,7 @@ from torch.nn.utils import parameters_to_vector
 from fedsim.data import FederatedData
 from fedsim.models.softmax_head import fused_loss
 from fedsim.parameters import load_flat_ as load_flat_  # used here; re-exported for callers
-from fedsim.privacy.clipping import clip_vector, is_finite_norm
+from fedsim.privacy.clipping import clip_rows, clip_vector, is_finite_norm
 from fedsim.seeding import make_generator
 
 
@@ -97,6 +97,21 @@ def isolated_clip(delta: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, 
     if out.dtype == torch.float64 and not bool(torch.isfinite(out.to(torch.float32)).all()):
         return torch.zeros_like(out), math.inf, False
     return out, norm, True
+
+
+def isolated_clip_rows(rows: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, list[float], list[bool]]:
+    """:func:`isolated_clip` on each row of a ``(U, d)`` tensor at once (vectorized training):
+    ``(clipped rows on the CPU, norms, finite flags)``, each row exactly what
+    :func:`isolated_clip` gives it alone."""
+    out, norms = clip_rows(rows, clip_norm)
+    out = out.detach().cpu()
+    finite = [is_finite_norm(n) for n in norms]
+    if out.dtype == torch.float64:  # a wider dtype can still overflow the float32 cast
+        fits = torch.isfinite(out.to(torch.float32)).all(dim=1).tolist()
+        for i, ok in enumerate(fits):
+            if finite[i] and not ok:
+                out[i], norms[i], finite[i] = 0.0, math.inf, False
+    return out, norms, finite
 
 
 def local_delta(

@@ -9,6 +9,12 @@ every user takes the same steps on the same batches in the same order, drawn fro
 generator ``(seed, "client", round, user)``; users are grouped by sample count so that their
 step structures coincide. ``tests/training/test_vectorized.py`` checks the equivalence.
 
+A model that batches its own forward pass (``batched_forward(stacked_params, x)``: the linear
+models, :func:`fedsim.models.batched_linear`) is called directly instead of through ``vmap`` and
+``functional_call``, whose per-call cost was a third of a W2 step; the users' deltas are clipped
+as one batch (:func:`fedsim.training.isolated_clip_rows`, each row exactly what
+:func:`~fedsim.training.isolated_clip` gives it alone).
+
 Models with ``nn.LSTM`` layers are trained through their
 :func:`~fedsim.models.stepwise_lstm.stepwise_twin` (the same function written from matrix
 products and gates, which ``vmap`` batches; the fused kernel does not batch). On a CPU that is
@@ -31,7 +37,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from fedsim.models.stepwise_lstm import stepwise_twin, supported
-from fedsim.seeding import make_generator
+from fedsim.seeding import make_generator, reseed
 
 #: Above this many parameters ``sim.vectorize = 'auto'`` trains a non-recurrent model user by user
 #: (arithmetic dominates anyway); ``on`` batches any size.
@@ -63,20 +69,29 @@ def vectorizable(model: nn.Module) -> bool:
     return True
 
 
-def _plans(data, users: list[int], round_index: int, seed: int, spec) -> dict[int, list[np.ndarray]]:
-    """Each user's per-epoch sample order, exactly as :func:`fedsim.training.local_delta` draws it."""
-    out = {}
-    for u in users:
-        g = make_generator(seed, "client", int(round_index), int(u))
-        n = data.num_train(u)
-        out[u] = [torch.randperm(n, generator=g)[: spec.max_examples].numpy() for _ in range(spec.epochs)]
-    return out
+def _plan(data, u: int, round_index: int, seed: int, spec, g: torch.Generator | None = None) -> list[np.ndarray]:
+    """User ``u``'s per-epoch sample order, exactly as :func:`fedsim.training.local_delta` draws it
+    (``g``, when given, is reseeded for the user instead of building a generator)."""
+    g = (
+        make_generator(seed, "client", int(round_index), int(u))
+        if g is None
+        else reseed(g, seed, "client", int(round_index), int(u))
+    )
+    n = data.num_train(u)
+    return [torch.randperm(n, generator=g)[: spec.max_examples].numpy() for _ in range(spec.epochs)]
 
 
 def _make_step(model: nn.Module, buffers: dict[str, torch.Tensor], data: Any) -> Callable[..., Any]:
     """``step(p, xb, yb) -> (per-user gradients, per-user losses)`` for stacked parameters ``p``."""
     batched_loss = getattr(data, "batched_loss", None)
-    if batched_loss is not None:  # vmap the model only; the dataset batches its own loss
+    batched_forward = getattr(model, "batched_forward", None)
+    if batched_loss is not None and batched_forward is not None and not buffers:
+        # the model batches its own forward pass (a linear model: one batched matrix product,
+        # the same arithmetic as vmap's, without vmap's and functional_call's per-call cost)
+
+        def forward(p: Any, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+            return batched_loss(batched_forward(p, xb), yb)
+    elif batched_loss is not None:  # vmap the model only; the dataset batches its own loss
         outputs = vmap(lambda p, xb: functional_call(model, (p, buffers), (xb,)))
 
         def forward(p: Any, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
@@ -135,9 +150,10 @@ class _VectorizedPass:
     def group(self, users: list[int]) -> dict[int, list[int]]:
         """Sample orders for ``users``, grouped by their number of samples."""
         groups: dict[int, list[int]] = defaultdict(list)
+        g = torch.Generator()
         for u in users:
             try:  # isolation: a user whose data cannot even be sized or shuffled contributes zero
-                self.plans.update(_plans(self.data, [u], self.round_index, self.seed, self.spec))
+                self.plans[u] = _plan(self.data, u, self.round_index, self.seed, self.spec, g)
                 groups[self.data.num_train(u)].append(u)
             except Exception:
                 self.fail(u)
@@ -178,7 +194,7 @@ class _VectorizedPass:
     def train_chunk(self, chunk: list[int], n: int) -> None:
         """Train ``chunk`` (users with ``n`` samples each) together under ``vmap``; each user's
         delta is clipped on its own, and a non-finite one becomes zero (isolation)."""
-        from fedsim.training import UserResult, isolated_clip
+        from fedsim.training import UserResult, isolated_clip_rows
 
         chunk, samples = self._load(chunk, n)
         if not chunk:
@@ -187,10 +203,12 @@ class _VectorizedPass:
         with torch.no_grad():
             flat = torch.cat([p[k].reshape(len(chunk), -1) for k in self.names], dim=1) - self.x0
         clip = self.spec.clip_norm
+        clipped, norms, finites = isolated_clip_rows(flat, clip)  # each row as isolated_clip alone
+        losses = loss_sum.tolist()
         for i, u in enumerate(chunk):
-            self.clipped_of[u], norm, finite = isolated_clip(flat[i], clip)
+            self.clipped_of[u], norm, finite = clipped[i], norms[i], finites[i]
             self.results[u] = (
-                UserResult(u, float(loss_sum[i]) / max(steps, 1), seen, norm, norm > clip)
+                UserResult(u, losses[i] / max(steps, 1), seen, norm, norm > clip)
                 if finite
                 else UserResult(u, float("nan"), seen, float("inf"), False, nonfinite=True)
             )

@@ -97,6 +97,15 @@ class WordLSTM(nn.Module):
         return self.head(self.features(x))
 
 
+def batched_linear(params: dict[str, torch.Tensor], x: torch.Tensor, prefix: str = "linear.") -> torch.Tensor:
+    """``U`` users' ``nn.Linear`` at once: ``x[u] · W[u]ᵀ + b[u]`` for stacked parameters
+    ``params[prefix + "weight"]`` ``(U, out, in)`` and ``params[prefix + "bias"]`` ``(U, out)``
+    and inputs ``x`` ``(U, B, in)``; returns ``(U, B, out)``. The batched matrix product and
+    the bias added after it, as ``vmap`` lowers ``nn.Linear`` (without its per-call overhead)."""
+    w, b = params[prefix + "weight"], params[prefix + "bias"]
+    return torch.matmul(x, w.transpose(-1, -2)) + b.unsqueeze(-2)
+
+
 class LogReg(nn.Module):
     """Multinomial logistic regression: logits ``x·W + b`` over ``num_classes``."""
 
@@ -106,6 +115,11 @@ class LogReg(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
+
+    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` of ``U`` users at once (vectorized training): ``params`` stacked
+        ``(U, …)`` under :meth:`named_parameters`' names, ``x`` ``(U, B, in_features)``."""
+        return batched_linear(params, x)
 
 
 class TagLogReg(nn.Module):
@@ -123,6 +137,10 @@ class TagLogReg(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
+
+    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` of ``U`` users at once (see :meth:`LogReg.batched_forward`)."""
+        return batched_linear(params, x)
 
 
 class SmallCNN(nn.Module):

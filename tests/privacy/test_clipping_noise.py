@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedsim.errors import FedsimError
-from fedsim.privacy.clipping import clip_vector, l2_norm
+from fedsim.privacy.clipping import NORM_BLOCK, clip_rows, clip_vector, l2_norm
 from fedsim.privacy.noise import gaussian_noise, zero_noise
 
 
@@ -148,6 +148,38 @@ def test_clip_half_precision_never_exceeds_bound(dtype):
 # --- noise ---------------------------------------------------------------------------
 
 DIM = 200_000
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("d", [1, 7, 650, NORM_BLOCK + 3])
+def test_clip_rows_is_clip_vector_on_every_row(dtype, d):
+    """Vectorized training clips all its users' deltas at once: every row must be exactly what
+    :func:`clip_vector` gives it alone (same norm, same bits), whatever the other rows hold —
+    tiny, huge, zero, NaN or infinite — and never above the bound."""
+    g = torch.Generator().manual_seed(d)
+    scales = [1e-30, 0.5, 1.0, 3.0, 1e6, 0.0]
+    rows = torch.stack([torch.randn(d, generator=g, dtype=torch.float64) * s for s in scales]).to(dtype)
+    rows[1] *= 1.0 / norm64(rows[1])  # exactly at the bound (up to rounding)
+    nan_row, inf_row = rows[0].clone(), rows[0].clone()
+    nan_row[d // 2], inf_row[-1] = float("nan"), float("-inf")
+    rows = torch.cat([rows, nan_row[None], inf_row[None]])
+    for c in (1.0, 2.5e-3):
+        out, norms = clip_rows(rows, c)
+        assert out.dtype == dtype and out.shape == rows.shape
+        for i in range(len(rows)):
+            alone, norm = clip_vector(rows[i], c)
+            assert torch.equal(out[i], alone), (i, c)
+            assert norms[i] == norm
+            if dtype != torch.float64 or d < 5000:  # (the bound clip_vector certifies: float64
+                # rows of 10⁵ entries and more are within a few ulps of c, never used so — every
+                # update is summed and sent as float32)
+                assert norm64(out[i]) <= c
+        assert norms[-1] == norms[-2] == math.inf and not out[-2:].any()
+
+
+def test_clip_rows_rejects_nonpositive_bound():
+    with pytest.raises(ValueError, match="clip_norm"):
+        clip_rows(torch.ones(2, 3), 0.0)
 
 
 def test_gaussian_row_is_deterministic_and_pure():

@@ -74,6 +74,25 @@ def test_a_float64_update_that_overflows_the_float32_cast_is_zeroed():
     assert finite and torch.isfinite(out.to(torch.float32)).all()
 
 
+def test_rows_clipped_together_are_each_isolated():
+    """Vectorized training clips its users' deltas as one batch (:func:`isolated_clip_rows`): a
+    row that overflows the float32 cast, or holds a NaN, becomes zeros, and every other row is
+    bit for bit what :func:`isolated_clip` gives it alone."""
+    from fedsim.training import isolated_clip, isolated_clip_rows
+
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randn(5, 6, generator=g, dtype=torch.float64) * 3
+    rows[1] = torch.tensor([1e39, -1e39, 0, 0, 0, 0], dtype=torch.float64)  # over float32 after the cast
+    rows[3, 2] = float("nan")
+    for c in (1e40, 1.0):
+        out, norms, finite = isolated_clip_rows(rows, c)
+        for i in range(5):
+            alone, norm, ok = isolated_clip(rows[i], c)
+            assert torch.equal(out[i], alone) and norms[i] == norm and finite[i] == ok
+        assert not finite[3] and not out[3].any()
+        assert finite[1] == (c == 1.0)  # not clipped at c = 1e40: zeroed; clipped at 1: fine
+
+
 @pytest.mark.parametrize("path", ["sequential", "vectorized"])
 def test_a_hostile_user_leaves_the_other_users_contributions_unchanged(path):
     data, model, x0 = _setup()

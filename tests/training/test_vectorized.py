@@ -132,3 +132,51 @@ def test_batched_loss_is_each_users_mean_loss():
     y = torch.randint(0, 5, (4, 6), generator=g)
     per_user = torch.stack([data.loss(out[u], y[u]) for u in range(4)])
     torch.testing.assert_close(data.batched_loss(out, y), per_user, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "name,dims",
+    [("logreg", {"in_features": 7, "num_classes": 4}), ("so_tag_logreg", {"in_features": 9, "out_features": 3})],
+)
+def test_a_models_batched_forward_is_its_forward_per_user(name, dims):
+    """Linear models batch their own forward pass for vectorized training (no vmap): each user's
+    slice must be that user's ``forward`` with its own parameters."""
+    from torch.func import functional_call
+
+    model = make_model(name, dims, seed=0)
+    g = torch.Generator().manual_seed(4)
+    U, B = 5, 3
+    stacked = {k: torch.randn(U, *v.shape, generator=g) for k, v in model.named_parameters()}
+    x = torch.randn(U, B, next(iter(dims.values())), generator=g)
+    out = model.batched_forward(stacked, x)
+    for u in range(U):
+        alone = functional_call(model, {k: v[u] for k, v in stacked.items()}, (x[u],))
+        torch.testing.assert_close(out[u], alone, rtol=1e-6, atol=1e-6)
+
+
+def test_vectorized_training_uses_the_models_batched_forward(monkeypatch):
+    from fedsim.models import LogReg
+
+    calls = []
+    original = LogReg.batched_forward
+    monkeypatch.setattr(LogReg, "batched_forward", lambda self, p, x: calls.append(x.shape) or original(self, p, x))
+    data = Ragged(users=10, samples=20, features=6, classes=3, seed=1)
+    model = make_model("logreg", data.model_dims(), seed=1)
+    x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    spec = LocalTraining(epochs=1, batch_size=4, lr=0.3, max_examples=16, clip_norm=1.0)
+    train_users_vectorized(model, x0, data, [0, 1, 2, 3, 4], round_index=0, seed=0, spec=spec)
+    assert calls and all(len(s) == 3 for s in calls)  # (users, batch, features)
+
+
+def test_a_reseeded_generator_draws_what_a_fresh_one_draws():
+    """Vectorized training reseeds one generator per user instead of building one: each user's
+    batches must be the ones its own fresh generator gives, whatever was drawn before."""
+    from fedsim.seeding import make_generator, reseed
+
+    g = torch.Generator()
+    for u in range(30):
+        torch.randn(u % 5 + 1, generator=g)  # leave state behind (including a cached normal)
+        reseed(g, 7, "client", 3, u)
+        fresh = make_generator(7, "client", 3, u)
+        assert torch.equal(torch.randperm(20, generator=g), torch.randperm(20, generator=fresh))
+        assert torch.equal(torch.randn(3, generator=g), torch.randn(3, generator=fresh))
