@@ -37,13 +37,18 @@ SELECTION_CAVEAT = (
 )
 
 
-def table(out: Path) -> dict[str, dict]:
+def table(out: Path) -> tuple[dict[str, dict], list[str]]:
     """Per arm: the accuracy of each server step on seed 0, the step with the best one, and every
-    seed's accuracy at that step (from the sweep's run folders)."""
+    seed's accuracy at that step (from the sweep's run folders that ran as planned: each trial's
+    ledger holds its arm's planned accounting spec); and the trial folders left out (another
+    spec, or no trial of this sweep)."""
+    from fedsim.run.sweep import finished_as_planned
+
+    finished, left_out = finished_as_planned(out, HERE / "sweeps" / "filter_ablation.toml")
     acc: dict[str, dict[float, dict[int, float]]] = {}
-    for summ in sorted((out / "trials").glob("*,server.lr=*,seed=*/summary.json")):
-        arm, lr, seed = summ.parent.name.split(",")
-        value = json.loads(summ.read_text())["final_eval_accuracy"]
+    for r in sorted(finished, key=lambda r: r["trial"]):
+        arm, lr, seed = r["trial"].split(",")
+        value = r["final_eval_accuracy"]
         acc.setdefault(arm, {}).setdefault(float(lr.split("=")[1]), {})[int(seed.split("=")[1])] = value
     results = {}
     for arm, by_lr in acc.items():
@@ -59,7 +64,7 @@ def table(out: Path) -> dict[str, dict]:
             "mean": statistics.mean(accs),
             "std": statistics.stdev(accs) if len(accs) > 1 else None,
         }
-    return results
+    return results, left_out
 
 
 def is_started(out: Path) -> bool:
@@ -85,8 +90,8 @@ def main() -> None:
 
         resume = is_started(args.out)
         run_sweep(HERE / "sweeps" / "filter_ablation.toml", args.out, resume=resume, only=args.only)
-    results = table(args.out)
-    (args.out / "ablation.json").write_text(json.dumps(results, indent=1))
+    results, left_out = table(args.out)
+    (args.out / "ablation.json").write_text(json.dumps({"arms": results, "left_out": left_out}, indent=1))
     for arm, r in results.items():
         grid = ", ".join(f"{k:g}: {100 * v:.2f}" for k, v in sorted(r["lr_grid"].items()))
         seeds = " / ".join(f"{100 * a:.2f}" for a in r["accuracies"])
@@ -94,6 +99,8 @@ def main() -> None:
         print(f"{arm:24s} lr {r['lr']:<4g} {seeds}  {100 * r['mean']:.2f} {spread}  (grid {grid})")
     if results:
         print(SELECTION_CAVEAT)
+    if left_out:
+        print(f"left out (not as planned: another accounting spec, or not a trial of this sweep): {left_out}")
 
 
 if __name__ == "__main__":

@@ -31,12 +31,18 @@ MECHS = ("gaussian", "blt", "banded")
 
 
 def markdown_table(out: Path) -> str:
-    """The results table of every finished trial under ``out`` (any mechanism, any seeds), checking
-    that each run's ε (its ledger's last entry, copied into ``summary.json``) is the target."""
+    """The results table of the sweep's finished trials under ``out`` that ran as planned (the
+    check of every sweep table: each trial's ledger holds its arm's planned accounting spec; any
+    other trial folder is left out and named under the table), checking that each run's ε (its
+    ledger's last entry, copied into ``summary.json``) is the target."""
+    from fedsim.run.sweep import finished_as_planned
+
+    finished, left_out = finished_as_planned(out, HERE / "sweeps" / "mechanism_grid.toml")
     rows: dict[tuple[str, float], dict[int, dict]] = {}
-    for summ in sorted((out / "trials").glob("*,privacy.target_epsilon=*,seed=*/summary.json")):
-        mech, eps, seed = summ.parent.name.split(",")
-        rows.setdefault((mech, float(eps.split("=")[1])), {})[int(seed.split("=")[1])] = json.loads(summ.read_text())
+    for trial in sorted(r["trial"] for r in finished):
+        mech, eps, seed = trial.split(",")
+        summary = json.loads((out / "trials" / trial / "summary.json").read_text())
+        rows.setdefault((mech, float(eps.split("=")[1])), {})[int(seed.split("=")[1])] = summary
     lines = [
         "| ε | mechanism | z | sens(C) | seed 0 / 1 / 2 | mean ± std | wall time per run |",
         "|---|---|---|---|---|---|---|",
@@ -59,6 +65,8 @@ def markdown_table(out: Path) -> str:
                 f"| {e:g} | {m} | {first['noise_multiplier']:.4f} | {first.get('sensitivity') or 1.0:.3f} | "
                 f"{' / '.join(f'{a:.2f}' for a in accs)} | {mean} | {min(walls):.0f}–{max(walls):.0f} s |"
             )
+    if left_out:
+        lines.append(f"\nleft out (not as planned: another accounting spec, or not a trial of this sweep): {left_out}")
     return "\n".join(lines)
 
 

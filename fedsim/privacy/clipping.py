@@ -65,11 +65,19 @@ def is_finite_norm(norm: float) -> bool:
 
 def row_norms(rows: torch.Tensor) -> torch.Tensor:
     """The float64 L2 norm of each row of a ``(U, d)`` tensor, as :func:`l2_norm` computes it
-    for one row: one batched reduction when a row fits :data:`NORM_BLOCK`, row by row otherwise."""
-    if rows.shape[1] <= NORM_BLOCK:
-        norms: torch.Tensor = torch.linalg.vector_norm(rows.detach().to(torch.float64), dim=1)
-        return norms
-    return torch.tensor([l2_norm(r) for r in rows], dtype=torch.float64)
+    for one row: rows shorter than :data:`NORM_BLOCK` are widened and reduced together, as many
+    at a time as fit one block (so the float64 copy stays as small as :func:`l2_norm`'s), longer
+    rows one by one."""
+    d = rows.shape[1]
+    if d > NORM_BLOCK:
+        return torch.tensor([l2_norm(r) for r in rows], dtype=torch.float64)
+    per_block = max(1, NORM_BLOCK // max(1, d))
+    flat = rows.detach()
+    parts = [
+        torch.linalg.vector_norm(flat[i : i + per_block].to(torch.float64), dim=1)
+        for i in range(0, flat.shape[0], per_block)
+    ]
+    return torch.cat(parts).cpu() if parts else torch.zeros(0, dtype=torch.float64)
 
 
 def clip_rows(rows: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, list[float]]:

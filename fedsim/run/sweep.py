@@ -827,6 +827,49 @@ def run_sweep(
 PLAN_FILE = "plan.json"
 
 
+def finished_as_planned(out: str | Path, spec_path: str | Path | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """A grid sweep's finished trials read back from its folder for a table of one's own (the
+    experiment wrappers' ``--table``), with the check every sweep's table makes: ``(rows, left
+    out)``. ``rows`` are the finished trials that ran as planned (:func:`_collect`'s rows);
+    ``left out`` names the others — a trial whose ledger holds another accounting spec than its
+    arm's plan (:func:`not_as_planned`), and a folder under ``trials/`` that is no trial of the
+    plan at all. Their numbers hold for another guarantee, or another experiment, and never enter
+    a row.
+
+    Parameters
+    ----------
+    out : the sweep folder.
+    spec_path : the sweep spec, for a folder without ``plan.json`` (written since sweeps keep their
+        plan); otherwise the plan the sweep started with is used (its spec, base config and
+        ``--only``).
+    """
+    out = Path(out)
+    plan_path = out / PLAN_FILE
+    if plan_path.exists():
+        plan = json.loads(plan_path.read_text(encoding="utf-8"))
+        try:
+            spec = SweepSpec.model_validate(plan["spec"])
+            raw, only = dict(plan["base_config"] or {}), plan.get("only")
+        except (KeyError, TypeError, ValidationError):
+            raise FedsimError(f"{plan_path} is not a sweep's plan (spec, base_config, only); restore it") from None
+    elif spec_path is not None:
+        spec, base = load_spec(spec_path)
+        raw, only = read_base(base), None
+    else:
+        raise FedsimError(f"{out} holds no {PLAN_FILE}: pass the sweep spec it was run from")
+    if spec.search is not None:
+        raise FedsimError(f"{out} is a search, whose trials Tune drew: read its table.md or `fedsim report {out}`")
+    items = _planned_trials(spec, raw, only)
+    found = _collect(out, items, spec.metric)
+    names = {t["name"] for t in items}
+    strangers = sorted(
+        d.name for d in (out / "trials").glob("*") if d.name not in names and (d / "summary.json").exists()
+    )
+    done = {r["trial"] for r in found}
+    stray = not_as_planned(out, found, planned_specs(raw, [t for t in items if t["name"] in done]))
+    return [r for r in found if r["trial"] not in stray], stray + strangers
+
+
 def sweep_plan(spec: SweepSpec, base: Path | None, raw: dict[str, Any], only: str | None) -> dict[str, Any]:
     """What a sweep runs, as data: its spec, the base config's path and table, and ``--only``."""
     return json.loads(

@@ -151,7 +151,7 @@ DIM = 200_000
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
-@pytest.mark.parametrize("d", [1, 7, 650, NORM_BLOCK + 3])
+@pytest.mark.parametrize("d", [1, 7, 650, NORM_BLOCK // 3, NORM_BLOCK + 3])
 def test_clip_rows_is_clip_vector_on_every_row(dtype, d):
     """Vectorized training clips all its users' deltas at once: every row must be exactly what
     :func:`clip_vector` gives it alone (same norm, same bits), whatever the other rows hold —

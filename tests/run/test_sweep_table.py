@@ -34,24 +34,24 @@ BASE = [
 
 POISSON = [*BASE, "sampling.scheme='poisson'"]
 
-MIXED = f"""
-[sweep]
-name = "mixed"
-set = {json.dumps(BASE)}
-seeds = [0, 1]
 
-[[sweep.arms]]
-name = "fixed"
-set = ["sampling.scheme='fixed'"]
+def _toml(name: str, base: list[str], arms: dict[str, list[str]], axes: str = "") -> str:
+    """A grid sweep spec: ``base`` overrides, seeds 0 and 1, the ``arms`` (name → overrides), ``axes``."""
+    text = f'[sweep]\nname = "{name}"\nset = {json.dumps(base)}\nseeds = [0, 1]\n'
+    for arm, sets in arms.items():
+        text += f'\n[[sweep.arms]]\nname = "{arm}"\nset = {json.dumps(sets)}\n'
+    return text + (f"\n[sweep.axes]\n{axes}\n" if axes else "")
 
-[[sweep.arms]]
-name = "poisson"
-set = ["sampling.scheme='poisson'"]
 
-[[sweep.arms]]
-name = "poisson_d1e-4"
-set = ["sampling.scheme='poisson'", "privacy.delta=1e-4"]
-"""
+MIXED = _toml(
+    "mixed",
+    BASE,
+    {
+        "fixed": ["sampling.scheme='fixed'"],
+        "poisson": ["sampling.scheme='poisson'"],
+        "poisson_d1e-4": ["sampling.scheme='poisson'", "privacy.delta=1e-4"],
+    },
+)
 
 
 def _spec(tmp_path: Path, text: str = MIXED) -> Path:
@@ -345,15 +345,66 @@ def test_experiment_wrappers_resume_a_sweep_that_stopped_before_ray(tmp_path, na
     assert mod.is_started(tmp_path) is True
 
 
+#: the arms of the experiment-wrapper tests (names shaped like the wrappers' ``mechanism+filter``).
+WRAPPER_ARMS = {"gaussian+none": ["sampling.scheme='poisson'"], "fixed+none": ["sampling.scheme='fixed'"]}
+
+
+def _wrapped_sweep(
+    tmp_path: Path, axis: str, base: list[str] = BASE
+) -> tuple[Path, dict[str, dict[str, Any]], dict[str, Any]]:
+    """A sweep folder as ``run_sweep`` leaves it before any trial finished (``plan.json``), for a
+    small grid shaped like an experiment wrapper's: ``(folder, trials by name, base table)``."""
+    spec_path = _spec(tmp_path, _toml("wrapped", base, WRAPPER_ARMS, axis))
+    spec, base = load_spec(spec_path)
+    raw = read_base(base)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / sweep.PLAN_FILE).write_text(json.dumps(sweep.sweep_plan(spec, base, raw, None)), encoding="utf-8")
+    return out, {t["name"]: t for t in trials(spec)}, raw
+
+
 def test_filter_ablation_says_its_lr_choice_is_not_accounted(tmp_path, monkeypatch, capsys):
     """Review: the wrapper picks each arm's server lr on seed 0 and reports a mean that includes
-    seed 0, with no word that the choice is outside ε."""
+    seed 0, with no word that the choice is outside ε. And its table reads only trials that ran
+    as planned: a fixed-cohort trial copied into the Poisson arm's folder (the attack of
+    ``test_a_trial_not_as_planned_is_left_out_and_named``), or a folder that is no trial of the
+    sweep, is left out and named, never averaged in."""
     mod = _experiment("filter_ablation")
+    out, items, raw = _wrapped_sweep(tmp_path, '"server.lr" = [1.0, 2.5]')
     for lr, seed, acc in [(1.0, 0, 0.24), (2.5, 0, 0.03), (1.0, 1, 0.18)]:
-        folder = tmp_path / "trials" / f"gaussian+none,server.lr={lr},seed={seed}"
-        folder.mkdir(parents=True)
-        (folder / "summary.json").write_text(json.dumps({"final_eval_accuracy": acc}))
-    monkeypatch.setattr("sys.argv", ["filter_ablation.py", "--out", str(tmp_path), "--table"])
+        _finish(out, items[f"gaussian+none,server.lr={lr},seed={seed}"], raw, acc)
+    fixed = resolve_privacy(trial_config(raw, items["fixed+none,server.lr=2.5,seed=1"]["sets"]), 40)
+    _finish(out, items["gaussian+none,server.lr=2.5,seed=1"], raw, 0.99, spec=fixed)  # copied in
+    stranger = dict(items["gaussian+none,server.lr=1.0,seed=0"], name="gaussian+none,server.lr=9.0,seed=0")
+    _finish(out, stranger, raw, 0.99)  # a folder of another sweep
+    monkeypatch.setattr("sys.argv", ["filter_ablation.py", "--out", str(out), "--table"])
     mod.main()
     printed = capsys.readouterr().out
     assert "lr 1 " in printed and "24.00 / 18.00" in printed and "selection not accounted" in printed
+    assert "99" not in printed.split("left out")[0]  # neither stray is in any number
+    left = "['gaussian+none,server.lr=2.5,seed=1', 'gaussian+none,server.lr=9.0,seed=0']"
+    assert f"left out (not as planned: another accounting spec, or not a trial of this sweep): {left}" in printed
+    saved = json.loads((out / "ablation.json").read_text())
+    assert saved["left_out"] == eval(left) and saved["arms"]["gaussian+none"]["lr"] == 1.0
+
+
+def test_mechanism_grid_table_reads_only_trials_as_planned(tmp_path):
+    """The same check in ``experiments/mechanism_grid.py --table``: a trial whose ledger holds
+    another arm's accounting spec (ε for replacing one user, in an add/remove arm) is left out of
+    the row and named under the table."""
+    mod = _experiment("mechanism_grid")
+    calibrated = [o for o in BASE if not o.startswith("privacy.noise_multiplier")]
+    out, items, raw = _wrapped_sweep(tmp_path, '"privacy.target_epsilon" = [2.0]', calibrated)
+    fixed = resolve_privacy(trial_config(raw, items["fixed+none,privacy.target_epsilon=2.0,seed=0"]["sets"]), 40)
+    for name, acc, spec in [
+        ("gaussian+none,privacy.target_epsilon=2.0,seed=0", 0.30, None),
+        ("gaussian+none,privacy.target_epsilon=2.0,seed=1", 0.90, fixed),  # copied in
+        ("fixed+none,privacy.target_epsilon=2.0,seed=0", 0.20, None),
+    ]:
+        _finish(out, items[name], raw, acc, spec=spec)
+        summary = json.loads((out / "trials" / name / "summary.json").read_text())
+        (out / "trials" / name / "summary.json").write_text(json.dumps({**summary, "epsilon": 2.0}))
+    table = mod.markdown_table(out)
+    gaussian = next(line for line in table.splitlines() if "| gaussian+none |" in line)
+    assert "30.00 % (1 seed)" in gaussian and "90" not in gaussian
+    assert "left out (not as planned" in table and "gaussian+none,privacy.target_epsilon=2.0,seed=1" in table
