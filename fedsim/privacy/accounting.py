@@ -223,10 +223,11 @@ def epsilon(spec: AccountingSpec, rounds: int) -> float:
 class EpsilonCurve:
     """ε after each round, cheaply, and equal to :func:`epsilon`.
 
-    - PLD (Poisson-like events): the one-round privacy loss distribution is built once and
-      self-composed ``t`` times (what ``PLDAccountant`` does internally for
-      ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), t)``); tested equal
-      to :func:`epsilon` to 1e-8 relative.
+    - PLD (Poisson-like events): the one-round privacy loss distribution is built once, from
+      the spec's own :meth:`AccountingSpec.round_event`, and each round self-composes it ``t``
+      times onto the identity, exactly the calls ``PLDAccountant`` makes for
+      ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), t)``: the same float
+      as a fresh accountant's (tested bit for bit).
     - RDP: dp-accounting's ``RdpAccountant`` adds ``count × RDP(event)`` at every order, so the
       RDP vector of ``t`` compositions is ``t`` times that of one; it is computed once (the
       costly part: about 0.2 s for sampling without replacement) and each round only converts
@@ -250,14 +251,10 @@ class EpsilonCurve:
             return 0.0
         count = self.spec.compositions(rounds)
         if count not in self._cache:
-            if self._use_pld:
-                if self._pld is None:  # built on first use (about a second)
-                    self._pld = pld_lib.from_gaussian_mechanism(
-                        standard_deviation=self.spec.noise_multiplier,
-                        sampling_prob=self.spec.sampling_rate,
-                        value_discretization_interval=PLD_DISCRETIZATION,
-                    )
-                self._cache[count] = float(self._pld.self_compose(count).get_epsilon_for_delta(self.spec.delta))
+            if self._use_pld and self._one_round_pld() is not None:
+                identity = pld_lib.identity(value_discretization_interval=PLD_DISCRETIZATION)
+                composed = identity.compose(self._pld.self_compose(count))  # as PLDAccountant composes
+                self._cache[count] = float(composed.get_epsilon_for_delta(self.spec.delta))
             elif self._use_rdp and self._rdp_vector() is not None:
                 orders, rdp_one = self._rdp_vector()  # type: ignore[misc]
                 eps, _ = rdp_lib.compute_epsilon(orders, count * rdp_one, self.spec.delta)
@@ -265,6 +262,32 @@ class EpsilonCurve:
             else:
                 self._cache[count] = epsilon(self.spec, rounds)
         return self._cache[count]
+
+    def _one_round_pld(self) -> Any:
+        """The PLD of one :meth:`AccountingSpec.round_event` (a Poisson-sampled Gaussian: its
+        noise multiplier and sampling probability are read from the event, never restated), built
+        on first use (about a second) with the arguments ``PLDAccountant`` passes; None where the
+        accountant builds none (no sampling, no noise, another event), so that every round asks
+        a fresh accountant (:func:`epsilon`)."""
+        if self._pld is not None:
+            return self._pld
+        event = self.spec.round_event()
+        if not (
+            isinstance(event, dp_event.PoissonSampledDpEvent)
+            and isinstance(event.event, dp_event.GaussianDpEvent)
+            and event.sampling_probability > 0
+            and event.event.noise_multiplier > 0
+        ):
+            self._use_pld = False
+            return None
+        relation = self.spec.make_accountant().neighboring_relation
+        self._pld = pld_lib.from_gaussian_mechanism(
+            standard_deviation=event.event.noise_multiplier,
+            value_discretization_interval=PLD_DISCRETIZATION,
+            sampling_prob=event.sampling_probability,
+            neighboring_relation=relation,
+        )
+        return self._pld
 
     def _rdp_vector(self) -> tuple[Any, Any] | None:
         """(orders, RDP of one :meth:`AccountingSpec.round_event`), from a dp-accounting
