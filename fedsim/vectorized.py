@@ -10,8 +10,9 @@ generator ``(seed, "client", round, user)``; users are grouped by sample count s
 step structures coincide. ``tests/training/test_vectorized.py`` checks the equivalence.
 
 A model that batches its own forward pass (``batched_forward(stacked_params, x)``: the linear
-models, :func:`fedsim.models.batched_linear`) is called directly instead of through ``vmap`` and
-``functional_call``, whose per-call cost was a third of a W2 step; the users' deltas are clipped
+models, :func:`fedsim.models.batched_linear`; only where the class defining it also defines the
+model's ``forward``) is called directly instead of through ``vmap`` and ``functional_call``, whose
+per-call cost was a third of a W2 step; the users' deltas are clipped
 as one batch (:func:`fedsim.training.isolated_clip_rows`, each row exactly what
 :func:`~fedsim.training.isolated_clip` gives it alone).
 
@@ -81,10 +82,22 @@ def _plan(data, u: int, round_index: int, seed: int, spec, g: torch.Generator | 
     return [torch.randperm(n, generator=g)[: spec.max_examples].numpy() for _ in range(spec.epochs)]
 
 
+def _own_batched_forward(model: nn.Module) -> Callable[..., Any] | None:
+    """``model.batched_forward`` when the class that defines it also defines the ``forward`` the
+    model runs; None otherwise. (A subclass of a linear model that changes ``forward`` inherits a
+    ``batched_forward`` that no longer computes it: such a model goes through ``vmap``.)"""
+    if getattr(model, "batched_forward", None) is None:
+        return None
+    mro = type(model).__mro__
+    owner = next(c for c in mro if "batched_forward" in vars(c))
+    forward_owner = next((c for c in mro if "forward" in vars(c)), None)
+    return getattr(model, "batched_forward") if owner is forward_owner else None  # noqa: B009
+
+
 def _make_step(model: nn.Module, buffers: dict[str, torch.Tensor], data: Any) -> Callable[..., Any]:
     """``step(p, xb, yb) -> (per-user gradients, per-user losses)`` for stacked parameters ``p``."""
     batched_loss = getattr(data, "batched_loss", None)
-    batched_forward = getattr(model, "batched_forward", None)
+    batched_forward = _own_batched_forward(model)
     if batched_loss is not None and batched_forward is not None and not buffers:
         # the model batches its own forward pass (a linear model: one batched matrix product,
         # the same arithmetic as vmap's, without vmap's and functional_call's per-call cost)

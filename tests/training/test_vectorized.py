@@ -180,3 +180,24 @@ def test_a_reseeded_generator_draws_what_a_fresh_one_draws():
         fresh = make_generator(7, "client", 3, u)
         assert torch.equal(torch.randperm(20, generator=g), torch.randperm(20, generator=fresh))
         assert torch.equal(torch.randn(3, generator=g), torch.randn(3, generator=fresh))
+
+
+def test_a_subclass_that_changes_forward_does_not_inherit_the_batched_forward():
+    """Attack: a model registered as a subclass of ``LogReg`` with its own ``forward`` (a tanh on
+    the inputs) inherits ``LogReg.batched_forward``, which computes the plain linear layer: used
+    as is, vectorized training would train another model than the one configured. It goes
+    through ``vmap`` of its own ``forward`` instead, and equals sequential training."""
+    from fedsim.models import LogReg
+
+    class TanhLogReg(LogReg):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.linear(torch.tanh(3 * x))
+
+    data = Ragged(users=12, samples=20, features=6, classes=3, seed=2)
+    model = TanhLogReg(6, 3)
+    x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    spec = LocalTraining(epochs=1, batch_size=4, lr=0.5, max_examples=12, clip_norm=10.0)
+    users = [0, 1, 2, 3, 4, 5]
+    seq_total, _ = train_users(model, x0, data, users, round_index=1, seed=3, spec=spec)
+    vec_total, _ = train_users_vectorized(model, x0, data, users, round_index=1, seed=3, spec=spec)
+    torch.testing.assert_close(vec_total, seq_total, rtol=1e-5, atol=1e-6)
