@@ -29,9 +29,7 @@ def derive_seed(seed: int, *keys: object) -> int:
 
 def make_generator(seed: int, *keys: object, device: str | torch.device = "cpu") -> torch.Generator:
     """A fresh ``torch.Generator`` on ``device`` seeded with ``derive_seed(seed, *keys)``."""
-    g = torch.Generator(device=device)
-    g.manual_seed(derive_seed(seed, *keys))
-    return g
+    return reseed(torch.Generator(device=device), seed, *keys)
 
 
 def reseed(g: torch.Generator, seed: int, *keys: object) -> torch.Generator:

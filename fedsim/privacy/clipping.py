@@ -53,9 +53,17 @@ def clip_vector(v: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]
         return torch.zeros_like(v), math.inf
     if norm <= clip_norm or norm == 0.0:
         return v, norm
-    eps = torch.finfo(v.dtype).eps if v.dtype.is_floating_point else 2.0**-23
-    scale = (clip_norm / norm) * (1.0 - 4.0 * eps)
-    return v * scale, norm
+    return v * clip_scale(norm, clip_norm, v.dtype), norm
+
+
+def clip_scale(norm: float, clip_norm: float, dtype: torch.dtype) -> float:
+    """The factor that clips a vector of finite float64 norm ``norm`` > ``clip_norm`` of entries of
+    ``dtype``: ``(c / norm)`` shrunk by ``4·eps`` of the dtype, so that the product's norm stays
+    at most ``c`` after the dtype's rounding (1.0 where nothing is clipped)."""
+    if norm <= clip_norm or norm == 0.0:
+        return 1.0
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 2.0**-23
+    return (clip_norm / norm) * (1.0 - 4.0 * eps)
 
 
 def is_finite_norm(norm: float) -> bool:
@@ -97,11 +105,7 @@ def clip_rows(rows: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, list[
     if clip_norm <= 0:
         raise ValueError("clip_norm must be > 0")
     norms = row_norms(rows).tolist()
-    eps = torch.finfo(rows.dtype).eps if rows.dtype.is_floating_point else 2.0**-23
-    scales = [
-        0.0 if not math.isfinite(n) else 1.0 if n <= clip_norm or n == 0.0 else (clip_norm / n) * (1.0 - 4.0 * eps)
-        for n in norms
-    ]
+    scales = [clip_scale(n, clip_norm, rows.dtype) if math.isfinite(n) else 0.0 for n in norms]
     # A Python-float scale multiplies a row in the row's arithmetic type (float32 for float32
     # and the half types, which torch computes in float32 and rounds back; float64 for float64):
     # the scales are cast the same way, so each row gets clip_vector's bits.
