@@ -393,9 +393,9 @@ class SimConfig(_Section):
         (``inprocess`` for one worker, else ``ray``). Same results for the same seed.
     vectorize : train a worker's users together under ``torch.func.vmap``
         (:mod:`fedsim.vectorized`; models with ``nn.LSTM`` layers through their step-by-step twin):
-        ``auto`` (models with LSTM layers when the workers train on a GPU, since on a CPU the
-        fused per-user LSTM kernel is faster; other models up to 2M parameters), ``on`` (any
-        size, LSTMs on the CPU included), ``off``. Never for other recurrent layers (Opacus's
+        ``auto`` (models without recurrent layers, up to 2M parameters: torch's fused LSTM
+        kernel user by user was measured faster than batched users on the CPU and on an H200
+        GPU), ``on`` (any size, LSTM users batched too), ``off``. Never for other recurrent layers (Opacus's
         ``DPLSTM``, GRUs), DiSK client evaluation, error feedback or example-level DP (``on``
         refuses them). Equal to sequential training up to float rounding.
     ray_address : join an existing Ray cluster (``"HOST:PORT"`` of its head, as printed by

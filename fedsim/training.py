@@ -84,12 +84,14 @@ def failed_result(user: int) -> UserResult:
     return UserResult(user, math.nan, 0, 0.0, False, failed=True)
 
 
-def isolated_clip(delta: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float, bool]:
+def isolated_clip(delta: torch.Tensor, clip_norm: float, keep_device: bool = False) -> tuple[torch.Tensor, float, bool]:
     """``(clip(Δ, c) on the CPU, ‖Δ‖, finite)``: a non-finite delta, or one whose clipped copy is
     not finite once cast to the float32 that workers sum and send, becomes zeros with
-    ``finite = False``. The dtype of ``Δ`` is kept (the worker's float32 sum casts it)."""
+    ``finite = False``. The dtype of ``Δ`` is kept (the worker's float32 sum casts it).
+    ``keep_device``: leave the clipped copy on ``Δ``'s device (a GPU worker sums there and
+    copies the sum once, instead of every user's update). Default False."""
     clipped, norm = clip_vector(delta, clip_norm)
-    out = clipped.detach().cpu()
+    out = clipped.detach() if keep_device else clipped.detach().cpu()
     if not is_finite_norm(norm):
         return torch.zeros_like(out), math.inf, False
     # A finite float32 (or narrower) vector scaled by at most 1 stays finite; a wider dtype can
@@ -99,12 +101,14 @@ def isolated_clip(delta: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, 
     return out, norm, True
 
 
-def isolated_clip_rows(rows: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, list[float], list[bool]]:
+def isolated_clip_rows(
+    rows: torch.Tensor, clip_norm: float, keep_device: bool = False
+) -> tuple[torch.Tensor, list[float], list[bool]]:
     """:func:`isolated_clip` on each row of a ``(U, d)`` tensor at once (vectorized training):
     ``(clipped rows on the CPU, norms, finite flags)``, each row exactly what
-    :func:`isolated_clip` gives it alone."""
+    :func:`isolated_clip` gives it alone. ``keep_device`` as there."""
     out, norms = clip_rows(rows, clip_norm)
-    out = out.detach().cpu()
+    out = out.detach() if keep_device else out.detach().cpu()
     finite = [is_finite_norm(n) for n in norms]
     if out.dtype == torch.float64:  # a wider dtype can still overflow the float32 cast
         fits = torch.isfinite(out.to(torch.float32)).all(dim=1).tolist()
@@ -131,7 +135,10 @@ def local_delta(
     model.train()
     g = make_generator(seed, "client", int(round_index), int(user))
     n = data.num_train(user)
-    loss_sum, steps, seen = 0.0, 0, 0
+    # the step losses are read once, at the end: a read per step would make the host wait for a
+    # GPU's every step instead of queueing the next
+    step_losses: list[torch.Tensor] = []
+    steps, seen = 0, 0
     fused = fused_loss(model, data, dev) if spec.fused_softmax else None
     lossf = data.loss
     for _ in range(spec.epochs):
@@ -147,11 +154,14 @@ def local_delta(
                 for p in params:
                     if p.grad is not None:
                         p.add_(p.grad, alpha=-spec.lr)
-            loss_sum += float(loss.detach())
+            step_losses.append(loss.detach())
             steps += 1
             seen += len(yb)
     with torch.no_grad():
         delta = parameters_to_vector(params) - x0
+    loss_sum = 0.0  # in step order, float by float (not sum(), which compensates from Python 3.12)
+    for v in torch.stack(step_losses).tolist() if step_losses else []:
+        loss_sum += v
     return delta, loss_sum / max(steps, 1), seen
 
 
@@ -255,16 +265,19 @@ def train_one_user(
     disk: DiskClient | None = None,
     d_prev: torch.Tensor | None = None,
     example_dp: Any = None,
+    keep_device: bool = False,
 ) -> tuple[torch.Tensor, UserResult]:
     """Train ``user`` from the flat parameters ``x0``; return ``(clip(Δ, c), result)``
     (``Δ`` from :func:`user_delta`, clipped after any DiSK mixing).
-    Training runs on the model's device; the returned update is on the CPU.
+    Training runs on the model's device; the returned update is on the CPU, or on the model's
+    device with ``keep_device`` (default False).
     """
     try:
         delta, loss, seen = user_delta(model, x0, data, user, round_index, seed, spec, disk, d_prev, example_dp)
     except Exception:  # this user's data or training failed: it contributes zero (isolation)
-        return torch.zeros(x0.numel(), dtype=torch.float32), failed_result(user)
-    clipped, norm, finite = isolated_clip(delta, spec.clip_norm)
+        where = next(model.parameters()).device if keep_device else "cpu"
+        return torch.zeros(x0.numel(), dtype=torch.float32, device=where), failed_result(user)
+    clipped, norm, finite = isolated_clip(delta, spec.clip_norm, keep_device)
     if not finite:
         return clipped, UserResult(user, math.nan, seen, math.inf, False, nonfinite=True)
     return clipped, UserResult(user, loss, seen, norm, norm > spec.clip_norm)
@@ -284,14 +297,16 @@ def train_users(
 ) -> tuple[torch.Tensor, list[UserResult]]:
     """Train each user from ``x0``; return the running sum of their clipped deltas and their results.
     ``disk``/``d_prev``: DiSK's client evaluation; ``example_dp``: Opacus DP-SGD in each silo
-    (:func:`user_delta`)."""
-    total = torch.zeros(x0.numel(), dtype=torch.float32)
+    (:func:`user_delta`). The sum is kept on the model's device and returned on the CPU."""
+    dev = next(model.parameters()).device
+    total = torch.zeros(x0.numel(), dtype=torch.float32, device=dev)
+    x0 = x0.to(dev)  # once, not once per user
     results = []
     for u in users:
-        clipped, res = train_one_user(model, x0, data, u, round_index, seed, spec, disk, d_prev, example_dp)
+        clipped, res = train_one_user(model, x0, data, u, round_index, seed, spec, disk, d_prev, example_dp, True)
         total.add_(clipped)
         results.append(res)
-    return total, results
+    return total.cpu(), results
 
 
 def train_users_ef(

@@ -6,8 +6,9 @@ launch overhead, not arithmetic; training ``U`` users as one batched computation
 (``vmap`` of the loss over a leading user dimension, one backward pass for all users) removes most of it. The result equals
 sequential training (:func:`fedsim.training.local_delta` user by user) up to float rounding:
 every user takes the same steps on the same batches in the same order, drawn from its own
-generator ``(seed, "client", round, user)``; users are grouped by sample count so that their
-step structures coincide. ``tests/training/test_vectorized.py`` checks the equivalence.
+generator ``(seed, "client", round, user)``; users are grouped by the samples an epoch takes
+(``min(n, max_examples)``) so that their step structures coincide, and each user's samples that
+its plan takes are loaded, not all of them. ``tests/training/test_vectorized.py`` checks the equivalence.
 
 A model that batches its own forward pass (``batched_forward(stacked_params, x)``: the linear
 models, :func:`fedsim.models.batched_linear`; only where the class defining it also defines the
@@ -18,10 +19,11 @@ as one batch (:func:`fedsim.training.isolated_clip_rows`, each row exactly what
 
 Models with ``nn.LSTM`` layers are trained through their
 :func:`~fedsim.models.stepwise_lstm.stepwise_twin` (the same function written from matrix
-products and gates, which ``vmap`` batches; the fused kernel does not batch). On a CPU that is
-measured slower than the fused kernel user by user, so ``sim.vectorize = 'auto'`` batches
-recurrent models only for GPU workers, the device it is meant for
-(:func:`fedsim.run.resolve_vectorize`). Other recurrent layers (Opacus's ``DPLSTM``, GRUs) are
+products and gates, which ``vmap`` batches; the fused kernel does not batch). That was
+measured slower than the fused kernel user by user, on the CPU and on an H200 GPU (where the
+step-by-step LSTM's hundreds of small kernels per sequence cost more than the fused kernel's
+one per user), so ``sim.vectorize = 'auto'`` trains recurrent models user by user and ``'on'``
+batches them (:func:`fedsim.run.resolve_vectorize`). Other recurrent layers (Opacus's ``DPLSTM``, GRUs) are
 not vectorized; neither are DiSK's two-point evaluation, error feedback or example-level DP,
 which keep their sequential paths.
 """
@@ -131,8 +133,15 @@ def _make_step(model: nn.Module, buffers: dict[str, torch.Tensor], data: Any) ->
     return step
 
 
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` with zero rows appended up to ``rows`` rows (filler that no step indexes)."""
+    if len(t) >= rows:
+        return t
+    return torch.cat([t, t.new_zeros((rows - len(t), *t.shape[1:]))])
+
+
 class _VectorizedPass:
-    """One worker's pass over its users, trained in groups of equal sample counts under ``vmap``.
+    """One worker's pass over its users, trained in groups of one step structure under ``vmap``.
 
     Results accumulate in ``clipped_of`` (user → clipped delta) and ``results`` (user →
     :class:`~fedsim.training.UserResult`); a user whose data fails contributes zero (isolation).
@@ -154,33 +163,43 @@ class _VectorizedPass:
         self.clipped_of: dict[int, torch.Tensor] = {}
         self.results: dict[int, Any] = {}
         self.plans: dict[int, list[np.ndarray]] = {}
+        self.positions: dict[int, list[np.ndarray]] = {}  # plans as rows of the loaded samples
 
     def fail(self, u: int) -> None:
         from fedsim.training import failed_result
 
-        self.clipped_of[u], self.results[u] = torch.zeros(self.x0.numel(), dtype=torch.float32), failed_result(u)
+        self.clipped_of[u] = torch.zeros(self.x0.numel(), dtype=torch.float32, device=self.dev)
+        self.results[u] = failed_result(u)
 
-    def group(self, users: list[int]) -> dict[int, list[int]]:
-        """Sample orders for ``users``, grouped by their number of samples."""
-        groups: dict[int, list[int]] = defaultdict(list)
+    def group(self, users: list[int]) -> dict[tuple[int, ...], list[int]]:
+        """Sample orders for ``users``, grouped by their step structure: the number of samples
+        each epoch takes (``min(n, max_examples)``), not the user's whole sample count, so users
+        with more samples than ``max_examples`` train together however many they have."""
+        groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
         g = torch.Generator()
         for u in users:
             try:  # isolation: a user whose data cannot even be sized or shuffled contributes zero
                 self.plans[u] = _plan(self.data, u, self.round_index, self.seed, self.spec, g)
-                groups[self.data.num_train(u)].append(u)
+                groups[tuple(len(p) for p in self.plans[u])].append(u)
             except Exception:
                 self.fail(u)
         return groups
 
-    def _load(self, chunk: list[int], n: int) -> tuple[list[int], list[Any]]:
+    def _load(self, chunk: list[int]) -> tuple[list[int], list[Any]]:
+        """Each user's samples that its plan takes (in index order; its plan rewritten to
+        positions among them), zero rows appended up to the chunk's longest, never indexed."""
         samples = []
         for u in list(chunk):
             try:  # a user whose samples cannot be read contributes zero; the others stay batched
-                samples.append(self.data.train_samples(u, np.arange(n)))
+                used = np.unique(np.concatenate(self.plans[u]))
+                samples.append(self.data.train_samples(u, used))
+                self.positions[u] = [np.searchsorted(used, p) for p in self.plans[u]]
             except Exception:
                 self.fail(u)
                 chunk = [v for v in chunk if v != u]
-        return chunk, samples
+        longest = max((len(s[0]) for s in samples), default=0)
+        padded = [tuple(_pad_rows(t, longest) for t in s[:2]) for s in samples]
+        return chunk, padded
 
     def _descend(self, chunk: list[int], samples: list[Any]) -> tuple[dict[str, torch.Tensor], torch.Tensor, int, int]:
         """Local SGD for ``chunk`` together: (stacked parameters, summed losses, steps, samples seen)."""
@@ -192,7 +211,7 @@ class _VectorizedPass:
         loss_sum = torch.zeros(U, device=dev, dtype=torch.float64)
         steps = seen = 0
         for e in range(spec.epochs):
-            perms = np.stack([self.plans[u][e] for u in chunk])  # same length for a group
+            perms = np.stack([self.positions[u][e] for u in chunk])  # same length for a group
             for s in range(0, perms.shape[1], spec.batch_size):
                 idx = torch.from_numpy(np.sort(perms[:, s : s + spec.batch_size], axis=1)).to(dev)
                 g, lo = self.step(p, xs[rows, idx], ys[rows, idx])
@@ -204,19 +223,19 @@ class _VectorizedPass:
                 seen += idx.shape[1]
         return p, loss_sum, steps, seen
 
-    def train_chunk(self, chunk: list[int], n: int) -> None:
-        """Train ``chunk`` (users with ``n`` samples each) together under ``vmap``; each user's
+    def train_chunk(self, chunk: list[int]) -> None:
+        """Train ``chunk`` (users of one step structure) together under ``vmap``; each user's
         delta is clipped on its own, and a non-finite one becomes zero (isolation)."""
         from fedsim.training import UserResult, isolated_clip_rows
 
-        chunk, samples = self._load(chunk, n)
+        chunk, samples = self._load(chunk)
         if not chunk:
             return
         p, loss_sum, steps, seen = self._descend(chunk, samples)
         with torch.no_grad():
             flat = torch.cat([p[k].reshape(len(chunk), -1) for k in self.names], dim=1) - self.x0
         clip = self.spec.clip_norm
-        clipped, norms, finites = isolated_clip_rows(flat, clip)  # each row as isolated_clip alone
+        clipped, norms, finites = isolated_clip_rows(flat, clip, keep_device=True)  # each row as isolated_clip alone
         losses = loss_sum.tolist()
         for i, u in enumerate(chunk):
             self.clipped_of[u], norm, finite = clipped[i], norms[i], finites[i]
@@ -232,7 +251,7 @@ class _VectorizedPass:
 
         for u in chunk:
             self.clipped_of[u], self.results[u] = train_one_user(
-                self.model, self.x0, self.data, u, self.round_index, self.seed, self.spec
+                self.model, self.x0, self.data, u, self.round_index, self.seed, self.spec, keep_device=True
             )
 
 
@@ -244,15 +263,15 @@ def train_users_vectorized(
     run = _VectorizedPass(model, x0, data, round_index, seed, spec)
     groups = run.group(users)
     size = max(1, min(CHUNK, STACKED_FLOATS // max(1, x0.numel())))
-    for n in sorted(groups):
-        members = groups[n]
+    for key in sorted(groups):
+        members = groups[key]
         for c in range(0, len(members), size):
             chunk = members[c : c + size]
             try:
-                run.train_chunk(chunk, n)
+                run.train_chunk(chunk)
             except Exception:
                 run.train_sequentially(chunk)
-    total = torch.zeros(x0.numel(), dtype=torch.float32)
-    for u in users:  # the sequential path's summation order
+    total = torch.zeros(x0.numel(), dtype=torch.float32, device=run.dev)
+    for u in users:  # the sequential path's summation order, on the training device
         total.add_(run.clipped_of[u])
-    return total, [run.results[u] for u in users]
+    return total.cpu(), [run.results[u] for u in users]

@@ -214,20 +214,14 @@ def num_workers(cfg: Config) -> int:
     return max(1, int(cpus // cfg.sim.client_cpus))
 
 
-def gpu_workers(cfg: Config) -> bool:
-    """Whether the workers train on a GPU (``sim.client_gpus > 0``, ``sim.device`` not ``cpu``
-    and CUDA present here)."""
-    return cfg.sim.client_gpus > 0 and cfg.sim.device != "cpu" and torch.cuda.is_available()
-
-
 def resolve_vectorize(
     cfg: Config, model_ok: bool, disk_client: bool, recurrent: bool = False, num_params: int = 0
 ) -> bool:
     """Whether workers train their users together (``sim.vectorize``; :mod:`fedsim.vectorized`).
 
     ``model_ok``: the model can be (:func:`fedsim.vectorized.vectorizable`). ``auto`` also asks
-    that it pays off: a model with LSTM layers (``recurrent``) only for GPU workers (on a CPU the
-    fused per-user kernel is faster), any other only up to
+    that it pays off: never for a model with LSTM layers (``recurrent``; the fused kernel user by
+    user was measured faster on the CPU and on an H200 GPU), any other only up to
     :data:`~fedsim.vectorized.MAX_PARAMS` parameters (``num_params``). ``on`` batches both."""
     from fedsim.vectorized import MAX_PARAMS
 
@@ -241,7 +235,7 @@ def resolve_vectorize(
             f"{'' if not other else ' DiSK client evaluation, error feedback or example-level DP is on'};"
             f" use sim.vectorize = 'auto' or 'off'"
         )
-    if cfg.sim.vectorize == "auto" and (not gpu_workers(cfg) if recurrent else num_params > MAX_PARAMS):
+    if cfg.sim.vectorize == "auto" and (recurrent or num_params > MAX_PARAMS):
         return False
     return model_ok and not other
 

@@ -9,8 +9,8 @@ on a lent GPU machine). ``FEDSIM_GPU_TEST_DEVICE=cpu`` runs the same checks with
   to float32 rounding.
 - Training: LSTM users batched on the GPU (one vmapped step-by-step LSTM) give the same sum of
   clipped deltas as training them one at a time there, and as the CPU.
-- A run: the in-process engine with ``sim.client_gpus = 1`` trains on the GPU (``vectorize =
-  auto`` batches the LSTM users there), and its ε is the CPU run's to the last digit.
+- A run: the in-process engine with ``sim.client_gpus = 1`` and ``vectorize = on`` trains the
+  LSTM users batched on the GPU, and its ε is the CPU run's to the last digit.
 """
 
 from __future__ import annotations
@@ -98,10 +98,10 @@ def test_an_inprocess_run_on_the_device_matches_the_cpus_epsilon(tmp_path):
         "sim.num_workers=1",
     ]
     on_device = ["sim.client_gpus=1", f"sim.device='{DEVICE}'"] if DEVICE == "cuda" else []
-    gpu = run_experiment(load_config(None, common + on_device), str(tmp_path / "dev"), progress=False)
+    batched = ["sim.vectorize='on'"]  # the LSTM users batched on the device, end to end
+    gpu = run_experiment(load_config(None, common + on_device + batched), str(tmp_path / "dev"), progress=False)
     cpu = run_experiment(load_config(None, common + ["sim.device='cpu'"]), str(tmp_path / "cpu"), progress=False)
-    if DEVICE == "cuda":
-        assert gpu.get("vectorized") is True  # vectorize = auto batches LSTM users on GPU workers
+    assert gpu.get("vectorized") is True
     assert gpu["epsilon"] == cpu["epsilon"]
     rows = [json.loads(line) for line in (tmp_path / "dev" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(np.isfinite(r["train_loss"]) for r in rows)

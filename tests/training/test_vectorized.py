@@ -86,6 +86,43 @@ def test_lstm_users_vectorized_equal_sequential(name, tmp_path):
     assert any(isinstance(m, torch.nn.LSTM) for m in model.modules())
 
 
+def test_users_of_different_sizes_train_together_on_the_samples_their_plans_take(monkeypatch):
+    """Users with more samples than ``max_examples`` share a step structure whatever their size:
+    they train as one chunk (grouping them by their whole sample count left real users, whose
+    counts all differ, one per chunk: nothing batched), and only the samples a user's plan takes
+    are read (not all of a user's samples). Two epochs take different subsets, so the chunk's
+    users load different numbers of samples and the rows are padded: still equal to sequential."""
+    import fedsim.vectorized as vec
+
+    data = text_users(12, seed=2)
+    users = [7, 0, 11, 4, 2, 9, 5]
+    assert len({data.num_train(u) for u in users}) == 3 and min(data.num_train(u) for u in users) > 8
+    model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3)
+    x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    spec = LocalTraining(epochs=2, batch_size=3, lr=0.5, max_examples=8, clip_norm=0.05)
+    chunks, loaded = [], []
+    train_chunk, train_samples = vec._VectorizedPass.train_chunk, data.train_samples
+
+    def spy_chunk(self, chunk):
+        chunks.append(list(chunk))
+        return train_chunk(self, chunk)
+
+    def spy_samples(u, idx):
+        loaded.append(len(idx))
+        return train_samples(u, idx)
+
+    monkeypatch.setattr(vec._VectorizedPass, "train_chunk", spy_chunk)
+    monkeypatch.setattr(data, "train_samples", spy_samples)
+    vec_total, vec_res = train_users_vectorized(model, x0, data, users, round_index=2, seed=11, spec=spec)
+    assert chunks == [users]  # one chunk: all seven users together
+    assert len(loaded) == len(users) and all(8 <= k <= 16 for k in loaded) and len(set(loaded)) > 1
+    monkeypatch.setattr(data, "train_samples", train_samples)
+    seq_total, seq_res = train_users(model, x0, data, users, round_index=2, seed=11, spec=spec)
+    torch.testing.assert_close(vec_total, seq_total, rtol=1e-4, atol=1e-6)
+    for a, b in zip(seq_res, vec_res):
+        assert (a.user, a.num_examples, a.clipped) == (b.user, b.num_examples, b.clipped)
+
+
 def test_which_models_are_vectorized():
     assert vectorizable(make_model("logreg", {"in_features": 4, "num_classes": 3}))
     assert vectorizable(make_model("shakespeare_lstm_small", 96))  # through its StepwiseLSTM twin
@@ -101,17 +138,16 @@ def test_which_models_are_vectorized():
     assert resolve_vectorize(load_config(None, ["sim.vectorize='on'"]), True, False, recurrent=False, num_params=n)
 
 
-def test_auto_batches_lstm_users_only_on_gpu_workers(monkeypatch):
+def test_auto_trains_lstm_users_one_by_one_on_any_device(monkeypatch):
+    """``auto`` leaves LSTM users to the fused kernel, one by one, on CPU and GPU workers alike
+    (batched users measured slower on both); ``on`` batches them."""
     from fedsim.run import resolve_vectorize
 
-    auto = load_config(None, [])
-    assert not resolve_vectorize(auto, model_ok=True, disk_client=False, recurrent=True)  # CPU: fused is faster
-    assert resolve_vectorize(load_config(None, ["sim.vectorize='on'"]), True, False, recurrent=True)
-    gpu = load_config(None, ["sim.client_gpus=0.5"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert resolve_vectorize(gpu, model_ok=True, disk_client=False, recurrent=True)
-    assert not resolve_vectorize(load_config(None, ["sim.client_gpus=0.5", "sim.device='cpu'"]), True, False, True)
-    assert not resolve_vectorize(auto, model_ok=True, disk_client=False, recurrent=True)  # no GPU asked for
+    for where in ([], ["sim.client_gpus=1", "sim.device='cuda'"], ["sim.client_gpus=0.5"]):
+        assert not resolve_vectorize(load_config(None, where), model_ok=True, disk_client=False, recurrent=True)
+        assert resolve_vectorize(load_config(None, where), model_ok=True, disk_client=False, recurrent=False)
+        assert resolve_vectorize(load_config(None, [*where, "sim.vectorize='on'"]), True, False, recurrent=True)
 
 
 def test_vectorize_on_refuses_what_it_cannot_do():
