@@ -4,10 +4,10 @@
 torch runs ``nn.LSTM`` as one fused kernel per layer (oneDNN on the CPU, cuDNN on a GPU), and
 neither batches under ``vmap``. :class:`StepwiseLSTM` has the same parameters, under the same
 names, and computes the same function; its forward and backward pass (back-propagation through
-time) are one :class:`torch.autograd.Function` per layer whose vmap rule torch generates, so
-under ``vmap`` over a leading user dimension every ``h_{t−1} W_hhᵀ`` becomes one batched
-matrix product over users, and the weight gradients ``Σ_t δ_t h_{t−1}ᵀ`` one batched product
-over all time steps at the end.
+time) are one :class:`torch.autograd.Function` per layer with its own vmap rule, so under
+``vmap`` over a leading user dimension every ``h_{t−1} W_hhᵀ`` is one batched matrix product
+over users, and the weight gradients ``Σ_t δ_t h_{t−1}ᵀ`` one batched product over all time
+steps at the end.
 
 Per layer, with ``σ`` the logistic function and gates in torch's order (input, forget, cell,
 output)::
@@ -15,11 +15,14 @@ output)::
     z_t = x_t W_ihᵀ + b_ih + b_hh + h_{t−1} W_hhᵀ,   (i, f, g, o) = (σ, σ, tanh, σ)(z_t)
     c_t = f ⊙ c_{t−1} + i ⊙ g,   h_t = o ⊙ tanh(c_t),   h_0 = c_0 = 0.
 
-Used by :mod:`fedsim.vectorized` for models with recurrent layers. It is meant for a GPU,
-where small per-user fused kernels are launch-bound (not yet measured: no GPU was available).
-On a CPU it is measured slower: the fused kernel keeps one user's recurrent weights in cache
-for the whole sequence, and a batch of users' weights no longer fits
-(``benchmarks/lstm_batching.py`` times both).
+Used by :mod:`fedsim.vectorized` for models with recurrent layers (``sim.vectorize = 'on'``).
+It was measured slower than the fused kernel user by user on both devices. On a CPU the fused
+kernel keeps one user's recurrent weights in cache for the whole sequence, and a batch of
+users' weights no longer fits (``benchmarks/lstm_batching.py`` times both). On an H200 GPU the
+step-by-step loop launches hundreds of small kernels per sequence (forward and backward, for
+every step), which cost more than cuDNN's fused kernel for each user
+(``benchmarks/throughput_results_gpu.json``: W1 1.70×, SO LSTM 2.91× the GPU floor, against
+1.01× user by user).
 """
 
 from __future__ import annotations
@@ -31,36 +34,90 @@ import torch
 from torch import nn
 
 
+def _layer_forward(
+    x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layer over ``B`` independent users at once: ``x`` ``[B, N, T, I]``, ``w_ih`` ``[B, 4H, I]``,
+    ``w_hh`` ``[B, 4H, H]``, ``b = b_ih + b_hh`` ``[B, 4H]``; returns ``(h, c, gates)``,
+    ``[B, N, T, H]``, ``[B, N, T, H]``, ``[B, N, T, 4H]``."""
+    users, n, steps, width = x.shape
+    hidden = w_hh.shape[-1]
+    # every step's input term at once: one batched product over the users
+    proj = torch.baddbmm(b.unsqueeze(1), x.reshape(users, n * steps, width), w_ih.transpose(1, 2))
+    proj = proj.view(users, n, steps, -1)
+    w_hh_t = w_hh.transpose(1, 2).contiguous()  # read row-wise at every step
+    h = x.new_zeros(users, n, hidden)
+    c = x.new_zeros(users, n, hidden)
+    hs, cs, gates = [], [], []
+    for p in proj.unbind(2):
+        i, f, g, o = torch.baddbmm(p, h, w_hh_t).chunk(4, -1)
+        i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+        c = f * c + i * g
+        h = o * torch.tanh(c)
+        hs.append(h)
+        cs.append(c)
+        gates.append(torch.cat([i, f, g, o], -1))
+    return torch.stack(hs, 2), torch.stack(cs, 2), torch.stack(gates, 2)
+
+
+def _layer_backward(
+    d_hs: torch.Tensor,
+    x: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    hs: torch.Tensor,
+    cs: torch.Tensor,
+    gates: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Back-propagation through time for :func:`_layer_forward` (shapes as there):
+    ``(d_x, d_w_ih, d_w_hh, d_b)``."""
+    users, n, steps, hidden = hs.shape
+    zeros = hs.new_zeros(users, n, hidden)
+    dh_next, dc_next = zeros, zeros
+    dz: list[torch.Tensor] = [zeros] * steps
+    for t in range(steps - 1, -1, -1):
+        i, f, g, o = gates[:, :, t].chunk(4, -1)
+        c_prev = cs[:, :, t - 1] if t > 0 else zeros
+        tanh_c = torch.tanh(cs[:, :, t])
+        dh = d_hs[:, :, t] + dh_next
+        dc = dc_next + dh * o * (1 - tanh_c * tanh_c)
+        dz[t] = torch.cat(
+            [dc * g * i * (1 - i), dc * c_prev * f * (1 - f), dc * i * (1 - g * g), dh * tanh_c * o * (1 - o)], -1
+        )
+        dc_next = dc * f
+        dh_next = torch.bmm(dz[t], w_hh)
+    d_z = torch.stack(dz, 2).reshape(users, n * steps, -1)  # [B, N·T, 4H]
+    h_prev = torch.cat([zeros.unsqueeze(2), hs[:, :, :-1]], 2).reshape(users, n * steps, hidden)
+    flat = d_z.transpose(1, 2)  # [B, 4H, N·T]: every step's gradient in one product per user
+    d_w_hh = torch.bmm(flat, h_prev)
+    d_w_ih = torch.bmm(flat, x.reshape(users, n * steps, -1))
+    d_b = d_z.sum(1)
+    d_x = torch.bmm(d_z, w_ih).view(x.shape)
+    return d_x, d_w_ih, d_w_hh, d_b
+
+
 class LSTMLayerFunction(torch.autograd.Function):
     """One LSTM layer over a whole batch of sequences, with its own backward pass.
 
-    ``apply(x, w_ih, w_hh, b_ih, b_hh) -> (h, c, gates)``: ``x`` is ``[N, T, I]``; ``h`` and ``c``
-    are ``[N, T, H]`` (every step's hidden and cell state); ``gates`` ``[N, T, 4H]`` holds the
-    activated ``(i, f, g, o)`` (kept for the backward pass; ``c`` and ``gates`` are not
+    ``apply(x, w_ih, w_hh, b_ih, b_hh) -> (h, c, gates)``: ``x`` is ``[*L, N, T, I]`` and the
+    weights ``[*L, …]`` with the same leading dimensions ``L`` (none for one user); ``h`` and
+    ``c`` are ``[*L, N, T, H]`` (every step's hidden and cell state); ``gates`` ``[*L, N, T, 4H]``
+    holds the activated ``(i, f, g, o)`` (kept for the backward pass; ``c`` and ``gates`` are not
     differentiable outputs).
-    """
 
-    generate_vmap_rule = True
+    Under ``vmap`` its own rule (:meth:`vmap`) moves the user dimension to the front and calls
+    the function once on the whole batch: every step is one batched matrix product over the
+    users, with none of ``vmap``'s per-operation cost (hundreds of operations per sequence).
+    """
 
     @staticmethod
     def forward(
         x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, b_ih: torch.Tensor, b_hh: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        n, hidden = x.shape[0], w_hh.shape[1]
-        proj = torch.matmul(x, w_ih.transpose(0, 1)) + (b_ih + b_hh)  # every step's input term at once
-        w_hh_t = w_hh.transpose(0, 1).contiguous()  # read row-wise at every step
-        h = x.new_zeros(n, hidden)
-        c = x.new_zeros(n, hidden)
-        hs, cs, gates = [], [], []
-        for p in proj.unbind(1):
-            i, f, g, o = torch.addmm(p, h, w_hh_t).chunk(4, -1)
-            i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
-            c = f * c + i * g
-            h = o * torch.tanh(c)
-            hs.append(h)
-            cs.append(c)
-            gates.append(torch.cat([i, f, g, o], -1))
-        return torch.stack(hs, 1), torch.stack(cs, 1), torch.stack(gates, 1)
+        lead = x.shape[:-3]
+        x_, w_ih_, w_hh_ = (t.reshape(-1, *t.shape[len(lead) :]) for t in (x, w_ih, w_hh))
+        hs, cs, gates = _layer_forward(x_, w_ih_, w_hh_, (b_ih + b_hh).reshape(-1, b_ih.shape[-1]))
+        return tuple(t.view(*lead, *t.shape[1:]) for t in (hs, cs, gates))  # type: ignore[return-value]
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
@@ -71,30 +128,21 @@ class LSTMLayerFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, d_hs: torch.Tensor, *_unused: Any) -> tuple[torch.Tensor, ...]:
-        x, w_ih, w_hh, hs, cs, gates = ctx.saved_tensors
-        n, steps, hidden = hs.shape
-        zeros = hs.new_zeros(n, hidden)
-        dh_next, dc_next = zeros, zeros
-        dz: list[torch.Tensor] = [zeros] * steps
-        for t in range(steps - 1, -1, -1):
-            i, f, g, o = gates[:, t].chunk(4, -1)
-            c_prev = cs[:, t - 1] if t > 0 else zeros
-            tanh_c = torch.tanh(cs[:, t])
-            dh = d_hs[:, t] + dh_next
-            dc = dc_next + dh * o * (1 - tanh_c * tanh_c)
-            dz[t] = torch.cat(
-                [dc * g * i * (1 - i), dc * c_prev * f * (1 - f), dc * i * (1 - g * g), dh * tanh_c * o * (1 - o)], -1
-            )
-            dc_next = dc * f
-            dh_next = torch.matmul(dz[t], w_hh)
-        d_z = torch.stack(dz, 1)  # [N, T, 4H]
-        h_prev = torch.cat([zeros.unsqueeze(1), hs[:, :-1]], 1)
-        flat = d_z.reshape(n * steps, -1).transpose(0, 1)  # [4H, N·T]: every step's gradient in one product
-        d_w_hh = torch.matmul(flat, h_prev.reshape(n * steps, hidden))
-        d_w_ih = torch.matmul(flat, x.reshape(n * steps, -1))
-        d_b = d_z.reshape(n * steps, -1).sum(0)
-        d_x = torch.matmul(d_z, w_ih)
+        saved = ctx.saved_tensors
+        lead = saved[0].shape[:-3]
+        flat = [t.reshape(-1, *t.shape[len(lead) :]) for t in (d_hs, *saved)]
+        grads = _layer_backward(*flat)
+        d_x, d_w_ih, d_w_hh, d_b = (g.view(*lead, *g.shape[1:]) for g in grads)
         return d_x, d_w_ih, d_w_hh, d_b, d_b
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: torch.Tensor) -> tuple[Any, tuple[int, int, int]]:
+        """The batching rule: the vmapped dimension of every argument to the front (an argument
+        without one is expanded), then one call on the whole batch."""
+        front = [
+            a.movedim(d, 0) if d is not None else a.expand(info.batch_size, *a.shape) for a, d in zip(args, in_dims)
+        ]
+        return LSTMLayerFunction.apply(*front), (0, 0, 0)
 
 
 class StepwiseLSTM(nn.Module):

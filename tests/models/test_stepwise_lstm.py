@@ -72,6 +72,43 @@ def test_vmap_over_users_equals_each_user_alone():
             torch.testing.assert_close(gb[u], ga, rtol=1e-4, atol=1e-6)
 
 
+def test_under_vmap_the_layer_runs_once_on_the_whole_batch(monkeypatch):
+    """The layer's own vmap rule: one call on the stacked users (their dimension first), not
+    vmap's operation-by-operation batching of a one-user call (whose per-operation cost made
+    batched users slower than one by one on a GPU); the batched gradients pass gradcheck, with
+    the vmapped dimension not first and one argument not batched at all."""
+    from fedsim.models import stepwise_lstm
+    from fedsim.models.stepwise_lstm import LSTMLayerFunction
+
+    shapes_seen = []
+    forward = stepwise_lstm._layer_forward
+
+    def spy(x, *rest):
+        shapes_seen.append(tuple(x.shape))
+        return forward(x, *rest)
+
+    monkeypatch.setattr(stepwise_lstm, "_layer_forward", spy)
+    g = torch.Generator().manual_seed(1)
+    users, n, steps, inp, hidden = 3, 2, 4, 3, 5
+    x = torch.randn(n, users, steps, inp, generator=g, dtype=torch.float64, requires_grad=True)  # users 2nd
+    w_ih = torch.randn(users, 4 * hidden, inp, generator=g, dtype=torch.float64, requires_grad=True)
+    w_hh = torch.randn(users, 4 * hidden, hidden, generator=g, dtype=torch.float64, requires_grad=True)
+    b_ih = torch.randn(4 * hidden, generator=g, dtype=torch.float64, requires_grad=True)  # shared
+    b_hh = torch.randn(users, 4 * hidden, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def batched(*a):
+        return vmap(
+            lambda x, wi, wh, bi, bh: LSTMLayerFunction.apply(x, wi, wh, bi, bh)[0], in_dims=(1, 0, 0, None, 0)
+        )(*a)
+
+    out = batched(x, w_ih, w_hh, b_ih, b_hh)
+    assert shapes_seen == [(users, n, steps, inp)]  # one call, users first
+    for u in range(users):
+        alone = LSTMLayerFunction.apply(x[:, u], w_ih[u], w_hh[u], b_ih, b_hh[u])[0]
+        torch.testing.assert_close(out[u], alone, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(batched, (x, w_ih, w_hh, b_ih, b_hh))
+
+
 def test_twin_of_the_shipped_models_computes_the_same_function():
     for name, dims, x in [
         ("shakespeare_lstm_small", 96, torch.randint(0, 96, (4, 20))),
