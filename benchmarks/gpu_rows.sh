@@ -11,9 +11,12 @@
 #   tests.txt           pytest of tests/gpu (noise rows on the GPU against the CPU's, LSTM users
 #                       batched on the GPU against sequential and the CPU, an in-process run);
 #   throughput_gpu.json benchmarks/throughput.py --device cuda on W1 and the SO LSTM (the floor
-#                       on the GPU, fedsim in-process with its LSTM users batched and one by one);
-#   throughput_gpu.log  its progress and any system's error (--keep-going).
-# ROUNDS (default 6) and BENCH_S (the benchmark's time limit, default 330 s) can be set.
+#                       on the GPU, fedsim in-process with its LSTM users one by one and batched;
+#                       SYSTEMS overrides the list, e.g. to add fedsim-inprocess, vectorize = auto);
+#   throughput_gpu.log  its progress and any system's error (--keep-going);
+#   factorize_gpu.jsonl fedsim factorize --mechanism dense --device cuda at n = FACTORIZE_N
+#                       (default 512 1024 2048), FACTORIZE_S seconds at most each (default 60).
+# ROUNDS (default 6), SYSTEMS and BENCH_S (the benchmark's time limit, default 330 s) can be set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
@@ -32,8 +35,16 @@ export PYTHONPATH="/tmp/site:$PWD:$PWD/tests" PYTHONUNBUFFERED=1 FLWR_TELEMETRY_
 timeout 150 "$PY" -m pytest -q -p no:cacheprovider --import-mode=importlib tests/gpu >"$OUT/tests.txt" 2>&1
 echo "tests/gpu exit $?" >>"$OUT/tests.txt"
 timeout "${BENCH_S:-330}" "$PY" benchmarks/throughput.py --device cuda --workloads w1 so_lstm \
+    --systems ${SYSTEMS:-floor fedsim-inprocess-seq fedsim-inprocess-batched} \
     --rounds "${ROUNDS:-6}" --reps 1 --keep-going --json >"$OUT/throughput_gpu.json" 2>"$OUT/throughput_gpu.log"
 echo "throughput exit $?" >>"$OUT/throughput_gpu.log"
+# the dense optimiser's GPU path (fedsim factorize --device cuda) at three sizes, each timed by
+# the command itself ("seconds"); on a fresh machine nothing is cached
+for n in ${FACTORIZE_N:-512 1024 2048}; do
+    timeout "${FACTORIZE_S:-60}" "$PY" -m fedsim.cli factorize --mechanism dense --rounds "$n" --device cuda --json \
+        >>"$OUT/factorize_gpu.jsonl" 2>>"$OUT/factorize_gpu.log" || echo "factorize n=$n exit $?" >>"$OUT/factorize_gpu.log"
+done
 cat "$OUT/device.txt" "$OUT/tests.txt"
 tail -c 3000 "$OUT/throughput_gpu.log"
 cat "$OUT/throughput_gpu.json"
+cat "$OUT/factorize_gpu.jsonl" "$OUT/factorize_gpu.log" 2>/dev/null

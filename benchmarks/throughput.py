@@ -21,7 +21,7 @@ on two processes, half the cohort each, sums sent through a pipe: what this loop
 cores, against which the two-worker rows are read), ``fedsim-inprocess`` (one
 worker, no Ray; vectorized where the model allows), ``fedsim-inprocess-seq`` (vectorization
 off), ``fedsim-inprocess-batched`` (``vectorize = on``: LSTM users batched too, which ``auto``
-does only on a GPU), ``fedsim-ray`` (two Ray workers). The floor computes no ε; fedsim runs with
+does not do), ``fedsim-ray`` (two Ray workers). The floor computes no ε; fedsim runs with
 ``privacy.account_every`` past the last round (ε once, at the end), and
 ``fedsim-inprocess-eps-every-round`` shows the cost of ε after every round (RDP: the cohorts are fixed); ``flower``
 (Flower 1.41's own ``FedAvg`` wrapped in ``DifferentialPrivacyServerSideFixedClipping``, a
@@ -39,8 +39,8 @@ Usage::
 repetitions; ``ratio_per_rep``: the ratio to the floor in each repetition).
 
 ``--device cuda`` trains on the GPU: the floor moves its model and batches there, and fedsim's
-rows add ``sim.client_gpus = 1`` and ``sim.device = 'cuda'``, so ``vectorize = auto`` batches a
-worker's LSTM users. Only ``floor``, ``fedsim-inprocess`` and ``fedsim-inprocess-seq`` run there.
+rows add ``sim.client_gpus = 1`` and ``sim.device = 'cuda'``. Only ``floor`` and the in-process
+rows (``fedsim-inprocess``, ``-seq``, ``-batched``) run there.
 ``--keep-going`` turns a system's failure into a row with its ``error`` and goes on with the
 others (one call on a lent machine gives every row it can). ``benchmarks/gpu_rows.sh`` runs it
 on such a machine.
@@ -127,9 +127,9 @@ SYSTEMS = {
 
 #: ``--device cuda``: the systems that run there (the floor and the in-process engine: a GPU
 #: machine's image has no Ray, and the two-process floor forks, which CUDA does not survive), and
-#: what fedsim's rows add (each worker's users on the GPU; ``vectorize = auto`` then trains a
-#: worker's LSTM users as one batched computation).
-GPU_SYSTEMS = ("floor", "fedsim-inprocess", "fedsim-inprocess-seq")
+#: what fedsim's rows add (each worker's users on the GPU). ``fedsim-inprocess`` (``vectorize =
+#: auto``) is one of the other two fedsim rows, by its ``vectorized`` field.
+GPU_SYSTEMS = ("floor", "fedsim-inprocess", "fedsim-inprocess-seq", "fedsim-inprocess-batched")
 GPU_OVERRIDES = ["sim.client_gpus=1", "sim.device='cuda'"]
 
 #: What both floors share: the run's config, data and model on one thread, and ``train``: copy
