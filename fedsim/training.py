@@ -303,7 +303,9 @@ def train_users(
     x0 = x0.to(dev)  # once, not once per user
     results = []
     for u in users:
-        clipped, res = train_one_user(model, x0, data, u, round_index, seed, spec, disk, d_prev, example_dp, True)
+        clipped, res = train_one_user(
+            model, x0, data, u, round_index, seed, spec, disk, d_prev, example_dp, keep_device=True
+        )
         total.add_(clipped)
         results.append(res)
     return total.cpu(), results

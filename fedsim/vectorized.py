@@ -187,12 +187,19 @@ class _VectorizedPass:
 
     def _load(self, chunk: list[int]) -> tuple[list[int], list[Any]]:
         """Each user's samples that its plan takes (in index order; its plan rewritten to
-        positions among them), zero rows appended up to the chunk's longest, never indexed."""
+        positions among them), zero rows appended up to the chunk's longest, never indexed.
+        A user whose data returns another number of samples than asked for is trained on its
+        own, as the sequential path trains it (padding must not stand in for its samples)."""
         samples = []
         for u in list(chunk):
             try:  # a user whose samples cannot be read contributes zero; the others stay batched
                 used = np.unique(np.concatenate(self.plans[u]))
-                samples.append(self.data.train_samples(u, used))
+                got = self.data.train_samples(u, used)
+                if len(got[0]) != len(used) or len(got[1]) != len(used):
+                    self.train_sequentially([u])
+                    chunk = [v for v in chunk if v != u]
+                    continue
+                samples.append(got)
                 self.positions[u] = [np.searchsorted(used, p) for p in self.plans[u]]
             except Exception:
                 self.fail(u)

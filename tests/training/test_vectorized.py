@@ -123,6 +123,29 @@ def test_users_of_different_sizes_train_together_on_the_samples_their_plans_take
         assert (a.user, a.num_examples, a.clipped) == (b.user, b.num_examples, b.clipped)
 
 
+def test_a_user_whose_data_returns_too_few_samples_is_trained_as_sequentially():
+    """A dataset that returns fewer samples than asked for one user: the batched path must not
+    train that user on its zero padding rows. The user is trained on its own, as the
+    sequential path trains it, and the others stay batched and unchanged."""
+
+    class ShortForOne(Ragged):
+        def train_samples(self, u, idx):
+            x, y = super().train_samples(u, idx)
+            return (x[:-1], y[:-1]) if u == 17 and len(idx) > 1 else (x, y)
+
+    data = ShortForOne(users=40, samples=20, features=12, classes=5, seed=3)
+    model = make_model("logreg", data.model_dims(), seed=1)
+    x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    spec = LocalTraining(epochs=2, batch_size=4, lr=0.3, max_examples=16, clip_norm=100.0)
+    users = [3, 17, 5, 0, 38, 22, 9, 11, 30]
+    seq_total, seq_res = train_users(model, x0, data, users, round_index=4, seed=7, spec=spec)
+    vec_total, vec_res = train_users_vectorized(model, x0, data, users, round_index=4, seed=7, spec=spec)
+    torch.testing.assert_close(vec_total, seq_total, rtol=1e-5, atol=1e-6)
+    for a, b in zip(seq_res, vec_res):
+        assert (a.user, a.num_examples) == (b.user, b.num_examples)
+        assert a.norm == pytest.approx(b.norm, rel=1e-5)
+
+
 def test_which_models_are_vectorized():
     assert vectorizable(make_model("logreg", {"in_features": 4, "num_classes": 3}))
     assert vectorizable(make_model("shakespeare_lstm_small", 96))  # through its StepwiseLSTM twin
