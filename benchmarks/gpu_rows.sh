@@ -14,6 +14,8 @@
 #                       on the GPU, fedsim in-process with its LSTM users one by one and batched;
 #                       SYSTEMS overrides the list, e.g. to add fedsim-inprocess, vectorize = auto);
 #   throughput_gpu.log  its progress and any system's error (--keep-going);
+#   streams.json        benchmarks/gpu_streams.py: 20 users' local steps with plain copies, queued
+#                       copies, a CUDA stream per user, and replayed CUDA graphs (sim.cuda_graphs);
 #   factorize_gpu.jsonl fedsim factorize --mechanism dense --device cuda at n = FACTORIZE_N
 #                       (default 512 1024 2048), FACTORIZE_S seconds at most each (default 60).
 # ROUNDS (default 6), SYSTEMS and BENCH_S (the benchmark's time limit, default 330 s) can be set.
@@ -38,6 +40,9 @@ timeout "${BENCH_S:-330}" "$PY" benchmarks/throughput.py --device cuda --workloa
     --systems ${SYSTEMS:-floor fedsim-inprocess-seq fedsim-inprocess-batched} \
     --rounds "${ROUNDS:-6}" --reps 1 --keep-going --json >"$OUT/throughput_gpu.json" 2>"$OUT/throughput_gpu.log"
 echo "throughput exit $?" >>"$OUT/throughput_gpu.log"
+# the users' steps four ways in one process: plain copies, queued copies, a stream per user, CUDA graphs
+timeout 120 "$PY" benchmarks/gpu_streams.py --rounds 4 --json >"$OUT/streams.json" 2>"$OUT/streams.log" ||
+    echo "gpu_streams exit $?" >>"$OUT/streams.log"
 # the dense optimiser's GPU path (fedsim factorize --device cuda) at three sizes, each timed by
 # the command itself ("seconds"); on a fresh machine nothing is cached
 for n in ${FACTORIZE_N:-512 1024 2048}; do
@@ -47,4 +52,5 @@ done
 cat "$OUT/device.txt" "$OUT/tests.txt"
 tail -c 3000 "$OUT/throughput_gpu.log"
 cat "$OUT/throughput_gpu.json"
+cat "$OUT/streams.json"
 cat "$OUT/factorize_gpu.jsonl" "$OUT/factorize_gpu.log" 2>/dev/null

@@ -34,6 +34,7 @@ from fedsim.models.softmax_head import fused_loss
 from fedsim.parameters import load_flat_ as load_flat_  # used here; re-exported for callers
 from fedsim.privacy.clipping import clip_rows, clip_vector, is_finite_norm
 from fedsim.seeding import make_generator
+from fedsim.step_graphs import graphs_for, sgd_step
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class LocalTraining:
         training loss together in row blocks (:mod:`fedsim.models.softmax_head`; ``sim.fused_softmax``),
         where both the model and the data allow it. Equal to the unfused loss up to float rounding.
         Default False.
+    cuda_graphs : on a CUDA device, replay a recurrent model's local steps from CUDA graphs
+        (:mod:`fedsim.step_graphs`; ``sim.cuda_graphs``). The same kernels on the same values as
+        eager steps. Default False.
     """
 
     epochs: int
@@ -59,6 +63,7 @@ class LocalTraining:
     max_examples: int
     clip_norm: float
     fused_softmax: bool = False
+    cuda_graphs: bool = False
 
 
 @dataclass
@@ -141,20 +146,21 @@ def local_delta(
     steps, seen = 0, 0
     fused = fused_loss(model, data, dev) if spec.fused_softmax else None
     lossf = data.loss
+
+    def loss_of(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        return fused(xb, yb) if fused is not None else lossf(model(xb), yb)
+
+    # on a GPU, a recurrent model's steps are replayed from CUDA graphs (the same step, queued by
+    # one call instead of hundreds: sim.cuda_graphs)
+    graphs = graphs_for(model, data, spec.lr, spec.cuda_graphs)
     for _ in range(spec.epochs):
         perm = torch.randperm(n, generator=g)[: spec.max_examples].numpy()
         for s in range(0, len(perm), spec.batch_size):
             xb, yb = data.train_samples(user, np.sort(perm[s : s + spec.batch_size]))
-            xb, yb = xb.to(dev), yb.to(dev)
-            for p in params:
-                p.grad = None
-            loss = fused(xb, yb) if fused is not None else lossf(model(xb), yb)
-            loss.backward()
-            with torch.no_grad():
-                for p in params:
-                    if p.grad is not None:
-                        p.add_(p.grad, alpha=-spec.lr)
-            step_losses.append(loss.detach())
+            if graphs is not None:
+                step_losses.append(graphs.step(xb, yb))
+            else:
+                step_losses.append(sgd_step(params, loss_of, xb.to(dev), yb.to(dev), spec.lr))
             steps += 1
             seen += len(yb)
     with torch.no_grad():

@@ -529,6 +529,7 @@ def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any) 
         cfg.client.max_examples,
         cfg.client.clip_norm,
         fused_softmax=cfg.sim.fused_softmax == "auto",
+        cuda_graphs=cfg.sim.cuda_graphs == "auto",
     )
     disk = None
     if server.track_step:

@@ -30,6 +30,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+#: a 3-round in-process run of the small character LSTM on the bundled plays
+SMALL_RUN = [
+    "data.name='shakespeare'",
+    "model.name='shakespeare_lstm_small'",
+    "rounds=3",
+    "sampling.cohort_size=4",
+    "client.batch_size=4",
+    "client.max_examples=8",
+    "eval.every=0",
+    "sim.engine='inprocess'",
+    "sim.num_workers=1",
+]
+
+
 def test_independent_noise_rows_are_the_cpus_bit_for_bit():
     from fedsim.privacy.noise import gaussian_noise
 
@@ -86,17 +100,7 @@ def test_an_inprocess_run_on_the_device_matches_the_cpus_epsilon(tmp_path):
     from fedsim.config import load_config
     from fedsim.run import run_experiment
 
-    common = [
-        "data.name='shakespeare'",
-        "model.name='shakespeare_lstm_small'",
-        "rounds=3",
-        "sampling.cohort_size=4",
-        "client.batch_size=4",
-        "client.max_examples=8",
-        "eval.every=0",
-        "sim.engine='inprocess'",
-        "sim.num_workers=1",
-    ]
+    common = list(SMALL_RUN)
     on_device = ["sim.client_gpus=1", f"sim.device='{DEVICE}'"] if DEVICE == "cuda" else []
     batched = ["sim.vectorize='on'"]  # the LSTM users batched on the device, end to end
     gpu = run_experiment(load_config(None, common + on_device + batched), str(tmp_path / "dev"), progress=False)
@@ -105,3 +109,111 @@ def test_an_inprocess_run_on_the_device_matches_the_cpus_epsilon(tmp_path):
     assert gpu["epsilon"] == cpu["epsilon"]
     rows = [json.loads(line) for line in (tmp_path / "dev" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(np.isfinite(r["train_loss"]) for r in rows)
+
+
+needs_cuda = pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs exist on a CUDA device only")
+
+
+@needs_cuda
+def test_local_steps_replayed_from_cuda_graphs_equal_eager_steps():
+    import copy
+    import dataclasses
+
+    from fedsim.models import make_model
+    from fedsim.step_graphs import graphs_for
+    from fedsim.training import LocalTraining, train_users
+
+    data = text_users(12, seed=2)
+    # batch 3 over at most 8 samples: batches of 3, 3 and 2 (users with fewer samples give
+    # other shapes), so several graphs are captured and replayed in turn
+    spec = LocalTraining(epochs=2, batch_size=3, lr=0.5, max_examples=8, clip_norm=0.05, cuda_graphs=False)
+    users = [7, 0, 11, 4, 2, 9, 5]
+    model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3).to(DEVICE)
+    x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    eager, eager_res = train_users(model, x0, data, users, round_index=2, seed=11, spec=spec)
+    graphed_spec = dataclasses.replace(spec, cuda_graphs=True)
+    graphed, graphed_res = train_users(model, x0, data, users, round_index=2, seed=11, spec=graphed_spec)
+    graphs = graphs_for(model, data, spec.lr, enabled=True)
+    assert graphs is not None and graphs.failed is None
+    assert graphs.captured >= 2  # it did replay graphs, of more than one shape
+    again, _ = train_users(model, x0, data, users, round_index=2, seed=11, spec=graphed_spec)  # replays only
+    assert graphs_for(model, data, spec.lr, enabled=True) is graphs
+    twin = copy.deepcopy(model)  # as the step-by-step LSTM's twin is made: the graphs stay behind
+    assert graphs_for(twin, data, spec.lr, enabled=True) is not graphs
+    torch.testing.assert_close(graphed, eager, rtol=1e-6, atol=1e-7)
+    assert torch.equal(again, graphed)
+    assert float(eager.norm()) > 0.05
+    for a, b in zip(eager_res, graphed_res):
+        assert (a.user, a.num_examples, a.clipped) == (b.user, b.num_examples, b.clipped)
+        assert a.loss == pytest.approx(b.loss, rel=1e-6)
+
+
+@needs_cuda
+def test_a_graphed_step_is_queued_without_waiting_for_the_device():
+    from fedsim.models import make_model
+    from fedsim.step_graphs import StepGraphs
+
+    data = text_users(4, seed=2)
+    model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3).to(DEVICE)
+    graphs = StepGraphs(model, lambda x, y: data.loss(model(x), y), lr=0.5)
+    xb, yb = data.train_samples(1, np.arange(3))
+    graphs.step(xb, yb)  # captured
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of queued device work
+    loss = graphs.step(xb, yb)
+    # the host got here before the device finished: the batch's copies and the replay were queued
+    assert not torch.cuda.current_stream().query()
+    assert np.isfinite(float(loss))
+
+
+@needs_cuda
+def test_an_inprocess_lstm_run_on_the_device_with_graphs_matches_eager_steps(tmp_path):
+    from fedsim.config import load_config
+    from fedsim.run import run_experiment
+
+    common = SMALL_RUN + ["sim.client_gpus=1", "sim.device='cuda'"]
+    graphed = run_experiment(load_config(None, common), str(tmp_path / "graphs"), progress=False)
+    eager = run_experiment(
+        load_config(None, common + ["sim.cuda_graphs='off'"]), str(tmp_path / "eager"), progress=False
+    )
+    assert graphed["epsilon"] == eager["epsilon"]
+    rows = {
+        k: [json.loads(line) for line in (tmp_path / k / "metrics.jsonl").read_text().splitlines()]
+        for k in ("graphs", "eager")
+    }
+    assert len(rows["graphs"]) == 3
+    for a, b in zip(rows["graphs"], rows["eager"]):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+
+
+@needs_cuda
+def test_capturing_while_another_thread_copies_to_the_device_works():
+    # a run prepares the next round's noise in a background thread, copying it to the device
+    # while training captures a new batch shape
+    import threading
+
+    from fedsim.models import make_model
+    from fedsim.step_graphs import StepGraphs
+
+    data = text_users(6, seed=2)
+    model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3).to(DEVICE)
+    graphs = StepGraphs(model, lambda x, y: data.loss(model(x), y), lr=0.5)
+    stop, errors = threading.Event(), []
+
+    def copying() -> None:
+        try:
+            while not stop.is_set():
+                torch.randn(4096).to(DEVICE).sum().item()
+        except Exception as e:  # pragma: no cover - what the test is for
+            errors.append(e)
+
+    worker = threading.Thread(target=copying)
+    worker.start()
+    try:
+        for rows in (1, 2, 3, 4, 5):  # five shapes, five captures
+            xb, yb = data.train_samples(1, np.arange(rows))
+            float(graphs.step(xb, yb))
+    finally:
+        stop.set()
+        worker.join()
+    assert not errors and graphs.failed is None and graphs.captured == 5

@@ -1,0 +1,63 @@
+"""sim.cuda_graphs: where local steps are replayed from CUDA graphs (fedsim.step_graphs).
+
+The graphs themselves run only on a CUDA device (tests/gpu checks them against eager steps
+there); here: the setting reaches the workers, and nothing is captured where it must not be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from helpers import text_users
+
+from fedsim.config import load_config
+from fedsim.errors import FedsimError
+from fedsim.models import make_model
+from fedsim.step_graphs import StepGraphs, graphs_for, sgd_step
+from fedsim.training import LocalTraining, local_delta
+
+
+def test_the_setting_reaches_what_a_worker_reads():
+    from fedsim.protocol import Task
+    from fedsim.run.build import build_run
+
+    base = ["data.name='shakespeare'", "model.name='shakespeare_lstm_small'", "rounds=2"]
+    for setting, expected in (([], True), (["sim.cuda_graphs='off'"], False)):
+        task = build_run(load_config(None, base + setting)).task
+        assert task.local.cuda_graphs is expected
+        assert Task.from_json(task.to_json()).local.cuda_graphs is expected
+    with pytest.raises(FedsimError, match="cuda_graphs"):
+        load_config(None, base + ["sim.cuda_graphs='on'"])
+
+
+def test_nothing_is_captured_on_a_cpu():
+    data = text_users(4, seed=1)
+    model = make_model("shakespeare_lstm_small", data.model_dims(), seed=0)
+    assert graphs_for(model, data, 0.5, enabled=True) is None
+    with pytest.raises(ValueError, match="CUDA device"):
+        StepGraphs(model, lambda x, y: data.loss(model(x), y), lr=0.5)
+
+
+def test_local_training_with_the_setting_on_a_cpu_is_eager_training():
+    data = text_users(6, seed=1)
+    model = make_model("shakespeare_lstm_small", data.model_dims(), seed=0)
+    x0 = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    spec = LocalTraining(epochs=1, batch_size=3, lr=0.5, max_examples=8, clip_norm=1.0)
+    off = local_delta(model, x0, data, 2, 1, 5, spec)
+    on = local_delta(model, x0, data, 2, 1, 5, dataclasses.replace(spec, cuda_graphs=True))
+    assert torch.equal(off[0], on[0]) and off[1:] == on[1:]
+
+
+def test_sgd_step_moves_each_parameter_by_minus_lr_times_its_gradient():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2)
+    frozen = torch.nn.Parameter(torch.ones(2))  # no gradient: left as is
+    x, y = torch.randn(4, 3), torch.randn(4, 2)
+    before = [p.detach().clone() for p in lin.parameters()]
+    grads = torch.autograd.grad(torch.nn.functional.mse_loss(lin(x), y), list(lin.parameters()))
+    loss = sgd_step(list(lin.parameters()) + [frozen], lambda a, b: torch.nn.functional.mse_loss(lin(a), b), x, y, 0.25)
+    for p, b, g in zip(lin.parameters(), before, grads):
+        torch.testing.assert_close(p.detach(), b - 0.25 * g)
+    assert torch.equal(frozen.detach(), torch.ones(2)) and not loss.requires_grad
