@@ -70,10 +70,14 @@ class StepGraphs:
     """
 
     def __init__(self, model: nn.Module, loss_of: Loss, lr: float, warmup: int = 2) -> None:
+        device = next(model.parameters()).device
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a model on a CUDA device, not {device}")
+        self._setup(model, loss_of, lr, warmup)
+
+    def _setup(self, model: nn.Module, loss_of: Loss, lr: float, warmup: int) -> None:
         self.params = list(model.parameters())
         self.device = self.params[0].device
-        if self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a model on a CUDA device, not {self.device}")
         # what a step may change: the parameters, and buffers such as a normalisation's statistics
         self.state = self.params + list(model.buffers())
         self.loss_of, self.lr, self.warmup = loss_of, float(lr), int(warmup)
@@ -91,8 +95,9 @@ class StepGraphs:
         the graph of its shape, capturing it first if it is new. Returns the loss (a copy on the
         device, queued: reading it waits for the step).
 
-        If capturing fails, the reason is kept in :attr:`failed`, a warning says it once, and
-        this and every later step run eagerly (the same step, one kernel at a time)."""
+        If capturing fails where the eager step does not, the reason is kept in :attr:`failed`, a
+        warning says it once, and this and every later step run eagerly (the same step, one
+        kernel at a time). A batch whose eager step raises raises here too."""
         if self.failed is None:
             key = (tuple(xb.shape), xb.dtype, tuple(yb.shape), yb.dtype)
             entry = self._graphs.get(key)
@@ -111,8 +116,9 @@ class StepGraphs:
         self, xb: torch.Tensor, yb: torch.Tensor
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The graph of one step on batches shaped like ``(xb, yb)`` with its input tensors and
-        its loss; None (and :attr:`failed` set) if capturing raised. The model's state is the
-        same afterwards as before."""
+        its loss; None (and :attr:`failed` set) if capturing raised. If the eager warm-up step
+        raises (the batch itself fails), that error is raised. Either way the model's state is
+        the same afterwards as before."""
         x_in = torch.empty(xb.shape, dtype=xb.dtype, device=self.device)
         y_in = torch.empty(yb.shape, dtype=yb.dtype, device=self.device)
         x_in.copy_(xb)
@@ -120,23 +126,30 @@ class StepGraphs:
         here = torch.cuda.current_stream(self.device)
         with torch.no_grad():
             kept = [t.detach().clone() for t in self.state]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(here)
         try:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(here)
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
                     sgd_step(self.params, self.loss_of, x_in, y_in, self.lr)
-            here.wait_stream(side)
-            self._restore(kept)  # the warm-up steps leave no trace
-            for p in self.params:
-                p.grad = None  # the graph's backward writes fresh gradient tensors of its own
+        except Exception:
+            # the batch's own failure (eager training raises on it too): this user fails, as it
+            # would eagerly, and the graphs stay on for the others
+            torch.cuda.synchronize(self.device)
+            self._restore(kept)
+            raise
+        here.wait_stream(side)
+        self._restore(kept)  # the warm-up steps leave no trace
+        for p in self.params:
+            p.grad = None  # the graph's backward writes fresh gradient tensors of its own
+        try:
             graph = torch.cuda.CUDAGraph()
             # thread_local: another thread's CUDA calls during the capture (the noise of the next
             # round, prepared and copied to the device in the background) neither fail nor end up
             # in the graph; only this thread's must be capturable
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 loss = sgd_step(self.params, self.loss_of, x_in, y_in, self.lr)
-        except Exception as e:  # an operation that cannot be captured: eager steps instead
+        except Exception as e:  # the step runs eagerly but cannot be captured: eager steps from now on
             self.failed = f"{type(e).__name__}: {e}"
             warnings.warn(
                 f"sim.cuda_graphs: capturing a local step failed ({self.failed}); training eagerly", stacklevel=3

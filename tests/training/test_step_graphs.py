@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from helpers import text_users
@@ -61,3 +62,92 @@ def test_sgd_step_moves_each_parameter_by_minus_lr_times_its_gradient():
     for p, b, g in zip(lin.parameters(), before, grads):
         torch.testing.assert_close(p.detach(), b - 0.25 * g)
     assert torch.equal(frozen.detach(), torch.ones(2)) and not loss.requires_grad
+
+
+class _FakeCuda:
+    """Just enough of ``torch.cuda`` for StepGraphs' control flow on the CPU: streams that are
+    the CPU's order, a "capture" that runs its block eagerly, or raises where told to."""
+
+    def __init__(self, capture_fails: bool) -> None:
+        self.capture_fails, self.synchronized = capture_fails, 0
+
+    class Stream:
+        def __init__(self, *a, **k) -> None:
+            pass
+
+        def wait_stream(self, other) -> None:
+            pass
+
+    def install(self, monkeypatch) -> None:
+        import contextlib
+
+        import fedsim.step_graphs as sg
+
+        fake = self
+
+        class Graph:
+            def replay(self) -> None:
+                pass
+
+        @contextlib.contextmanager
+        def graph(g, capture_error_mode="global"):
+            assert capture_error_mode == "thread_local"
+            if fake.capture_fails:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            yield
+
+        def synchronize(device=None) -> None:
+            fake.synchronized += 1
+
+        monkeypatch.setattr(torch.cuda, "Stream", self.Stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.Stream())
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", graph)
+        monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+        monkeypatch.setattr(sg, "_staged", lambda t: t)
+
+
+def _on_cpu(model, loss_of, lr=0.5) -> StepGraphs:
+    graphs = object.__new__(StepGraphs)  # the constructor refuses a CPU model
+    graphs._setup(model, loss_of, lr, warmup=2)
+    return graphs
+
+
+def _flat(model) -> torch.Tensor:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+
+
+def test_a_batch_that_fails_its_warm_up_fails_as_eagerly_and_leaves_the_graphs_on(monkeypatch):
+    fake = _FakeCuda(capture_fails=False)
+    fake.install(monkeypatch)
+    data = text_users(4, seed=1)
+    model = make_model("shakespeare_lstm_small", data.model_dims(), seed=0)
+    graphs = _on_cpu(model, lambda x, y: data.loss(model(x), y))
+    before = _flat(model)
+    xb, yb = data.train_samples(1, np.arange(3))
+    bad = torch.full_like(xb, 10_000)  # a token id past the embedding: the eager step raises too
+    with pytest.raises(IndexError):
+        graphs.step(bad, yb)
+    assert torch.equal(_flat(model), before)  # the warm-up left nothing behind
+    assert graphs.failed is None and graphs.captured == 0 and fake.synchronized == 1
+    graphs.step(xb, yb)  # the next user's batch is captured as usual
+    assert graphs.captured == 1 and graphs.failed is None
+
+
+def test_a_step_that_cannot_be_captured_runs_eagerly_from_then_on(monkeypatch):
+    _FakeCuda(capture_fails=True).install(monkeypatch)
+    data = text_users(4, seed=1)
+    model = make_model("shakespeare_lstm_small", data.model_dims(), seed=0)
+    twin = make_model("shakespeare_lstm_small", data.model_dims(), seed=0)
+    graphs = _on_cpu(model, lambda x, y: data.loss(model(x), y))
+    xb, yb = data.train_samples(1, np.arange(3))
+    with pytest.warns(UserWarning, match="capturing a local step failed"):
+        loss = graphs.step(xb, yb)
+    assert graphs.failed is not None and "stream is capturing" in graphs.failed and graphs.captured == 0
+    # exactly one eager step from the state before: the warm-up steps were undone
+    expected = sgd_step(list(twin.parameters()), lambda x, y: data.loss(twin(x), y), xb, yb, 0.5)
+    assert torch.equal(_flat(model), _flat(twin)) and torch.equal(loss, expected)
+    graphs.step(xb, yb)  # eager again, without another attempt or warning
+    sgd_step(list(twin.parameters()), lambda x, y: data.loss(twin(x), y), xb, yb, 0.5)
+    assert torch.equal(_flat(model), _flat(twin))
