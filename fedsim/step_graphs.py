@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedsim.models import recurrent
+
 __all__ = ["StepGraphs", "graphs_for", "sgd_step"]
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -186,8 +188,6 @@ def graphs_for(model: nn.Module, data: Any, lr: float, enabled: bool) -> StepGra
     large), and without dropout (a graph would replay random draws differently from eager
     steps). The graphs are kept for the model's lifetime, so a worker captures each batch shape
     once for all its rounds; they are rebuilt if ``data`` or ``lr`` changes."""
-    from fedsim.vectorized import recurrent
-
     if not enabled:
         return None
     dev = next(model.parameters()).device

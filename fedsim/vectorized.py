@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from fedsim.models import recurrent as recurrent  # re-exported: where models are sorted
 from fedsim.models.stepwise_lstm import stepwise_twin, supported
 from fedsim.seeding import make_generator, reseed
 
@@ -50,14 +51,6 @@ CHUNK = 64
 #: Stacked parameters held at once, in floats (bounds memory: a chunk holds at most this many,
 #: so CHUNK users of a MAX_PARAMS model, fewer of a larger one).
 STACKED_FLOATS = CHUNK * MAX_PARAMS
-
-
-def recurrent(model: nn.Module) -> bool:
-    """Whether ``model`` has recurrent layers (torch's or Opacus's)."""
-    return any(
-        isinstance(m, nn.RNNBase) or type(m).__name__.startswith("DPLSTM") or type(m).__name__ == "DPRNNBase"
-        for m in model.modules()
-    )
 
 
 def vectorizable(model: nn.Module) -> bool:

@@ -305,5 +305,13 @@ def make_model(name: str, dims: int | dict[str, int], seed: int = 0, dp_layers: 
         return cls(**dims, **kwargs, dp_layers=dp_layers)
 
 
+def recurrent(model: nn.Module) -> bool:
+    """Whether ``model`` has recurrent layers (torch's or Opacus's)."""
+    return any(
+        isinstance(m, nn.RNNBase) or type(m).__name__.startswith("DPLSTM") or type(m).__name__ == "DPRNNBase"
+        for m in model.modules()
+    )
+
+
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
