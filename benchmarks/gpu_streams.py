@@ -5,10 +5,11 @@ Overflow next-word LSTM, V = 10,000, batch 16 × 20 tokens, 4 steps a user), ``-
 round, each from the same starting model, timed per round (median of ``--rounds`` after a warm-up):
 
 - ``blocking``: one user after another, each batch copied with a plain ``.to("cuda")`` (the
-  floor's loop, and fedsim's before its copies were queued): the host waits for the device at
-  every copy, so a step costs the host's time plus the device's.
-- ``queued``: the same, each batch copied from page-locked memory without waiting
-  (:func:`fedsim.transfer.to_device`): the host queues the next step while the device runs.
+  floor's loop, and fedsim's eager steps): the host waits for the device at every copy, so a
+  step costs the host's time plus the device's.
+- ``queued``: the same, each batch copied from page-locked memory without waiting (``_queued``
+  below; measured, and not adopted in fedsim): the host queues the next step while the device
+  runs.
 - ``streams``: every user on a CUDA stream of its own with its own model copy, their steps
   interleaved, so the device can run several users' small kernels at once.
 - ``graphed``: one user after another, each step replayed from a CUDA graph

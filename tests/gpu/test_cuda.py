@@ -11,6 +11,10 @@ on a lent GPU machine). ``FEDSIM_GPU_TEST_DEVICE=cpu`` runs the same checks with
   clipped deltas as training them one at a time there, and as the CPU.
 - A run: the in-process engine with ``sim.client_gpus = 1`` and ``vectorize = on`` trains the
   LSTM users batched on the GPU, and its ε is the CPU run's to the last digit.
+- CUDA graphs (``sim.cuda_graphs``): replayed steps equal eager steps, are queued without
+  waiting, survive another thread's copies during a capture and stay behind when the model is
+  copied; a batch that fails its eager warm-up fails alone (graphs stay on), and a step that
+  cannot be captured runs eagerly from the state before the attempt.
 """
 
 from __future__ import annotations
@@ -217,3 +221,75 @@ def test_capturing_while_another_thread_copies_to_the_device_works():
         stop.set()
         worker.join()
     assert not errors and graphs.failed is None and graphs.captured == 5
+
+
+def _flat(model) -> torch.Tensor:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+
+
+@needs_cuda
+def test_a_batch_failing_its_warm_up_on_the_device_fails_its_user_and_keeps_the_graphs_on():
+    # one user's bad batch must not turn graphs off for the worker's other users
+    import copy
+
+    from fedsim.models import make_model
+    from fedsim.step_graphs import StepGraphs, sgd_step
+
+    data = text_users(4, seed=2)
+    model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3).to(DEVICE)
+    twin = copy.deepcopy(model)
+    graphs = StepGraphs(model, lambda x, y: data.loss(model(x), y), lr=0.5)
+    xb, yb = data.train_samples(1, np.arange(3))
+    before = _flat(model)
+    with pytest.raises(RuntimeError):  # float token ids: the embedding refuses them, eagerly too
+        graphs.step(xb.float(), yb)
+    assert torch.equal(_flat(model), before)  # the warm-up steps on the side stream were undone
+    assert graphs.failed is None and graphs.captured == 0
+    graphs.step(xb, yb)  # the next batch is captured and replayed as usual
+    assert graphs.failed is None and graphs.captured == 1
+    sgd_step(list(twin.parameters()), lambda x, y: data.loss(twin(x), y), xb.to(DEVICE), yb.to(DEVICE), 0.5)
+    torch.testing.assert_close(_flat(model), _flat(twin), rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(_flat(model), before)
+
+
+@needs_cuda
+def test_a_step_that_cannot_be_captured_on_the_device_runs_eagerly_from_then_on():
+    # a loss that reads a value back to the host cannot be captured: the worker warns once and
+    # trains eagerly, from the state before the attempt, and the device stays usable
+    import copy
+    import warnings
+
+    from fedsim.models import make_model
+    from fedsim.step_graphs import StepGraphs, sgd_step
+
+    data = text_users(4, seed=2)
+    model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3).to(DEVICE)
+    twin = copy.deepcopy(model)
+
+    def checked(net):
+        def loss_of(x, y):
+            loss = data.loss(net(x), y)
+            if not bool(torch.isfinite(loss).item()):  # a read-back: not allowed while capturing
+                raise FloatingPointError("the loss is not finite")
+            return loss
+
+        return loss_of
+
+    graphs = StepGraphs(model, checked(model), lr=0.5)
+    xb, yb = data.train_samples(1, np.arange(3))
+    xd, yd = xb.to(DEVICE), yb.to(DEVICE)
+    with pytest.warns(UserWarning, match="capturing a local step failed"):
+        loss = graphs.step(xb, yb)
+    assert graphs.failed is not None and graphs.captured == 0
+    expected = sgd_step(list(twin.parameters()), checked(twin), xd, yd, 0.5)
+    torch.testing.assert_close(_flat(model), _flat(twin), rtol=1e-6, atol=1e-7)  # one step, not three
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second attempt, no second warning
+        graphs.step(xb, yb)
+    sgd_step(list(twin.parameters()), checked(twin), xd, yd, 0.5)
+    torch.testing.assert_close(_flat(model), _flat(twin), rtol=1e-6, atol=1e-7)
+    # the failed capture left the device usable: a capturable step on the same model is captured
+    fresh = StepGraphs(model, lambda x, y: data.loss(model(x), y), lr=0.5)
+    fresh.step(xb, yb)
+    assert fresh.failed is None and fresh.captured == 1
