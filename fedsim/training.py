@@ -124,7 +124,14 @@ def isolated_clip_rows(
 
 
 def local_delta(
-    model: nn.Module, x0: torch.Tensor, data: FederatedData, user: int, round_index: int, seed: int, spec: LocalTraining
+    model: nn.Module,
+    x0: torch.Tensor,
+    data: FederatedData,
+    user: int,
+    round_index: int,
+    seed: int,
+    spec: LocalTraining,
+    while_queued: Callable[[], None] | None = None,
 ) -> tuple[torch.Tensor, float, int]:
     """Local SGD for ``user`` from the flat parameters ``x0``; return ``(Δ, mean loss, samples)``
     with ``Δ = x_local − x0`` (unclipped, on the model's device).
@@ -132,6 +139,10 @@ def local_delta(
     The samples and their order depend only on ``(seed, round_index, user)``, never on
     ``x0``: two calls from different starting points see the same batches in the same order
     (what DiSK's two-point evaluation needs).
+
+    ``while_queued``: host work to run once every step is queued, before the first value is
+    read back (on a GPU the device is still running the steps meanwhile); it must not raise.
+    Default None.
     """
     params = list(model.parameters())
     dev = params[0].device
@@ -165,6 +176,8 @@ def local_delta(
             seen += len(yb)
     with torch.no_grad():
         delta = parameters_to_vector(params) - x0
+    if while_queued is not None:
+        while_queued()
     loss_sum = 0.0  # in step order, float by float (not sum(), which compensates from Python 3.12)
     for v in torch.stack(step_losses).tolist() if step_losses else []:
         loss_sum += v
@@ -219,6 +232,7 @@ def user_delta(
     disk: DiskClient | None = None,
     d_prev: torch.Tensor | None = None,
     example_dp: Any = None,
+    while_queued: Callable[[], None] | None = None,
 ) -> tuple[torch.Tensor, float, int]:
     """The user's unclipped update from ``x0``: ``(Δ, loss, samples)``.
 
@@ -226,7 +240,8 @@ def user_delta(
     (:meth:`DiskClient.update`); the reported loss is the one at ``x0`` (``two_point``) or
     at the look-ahead point (``lookahead``). With ``example_dp`` (an
     :class:`~fedsim.example_dp.ExampleDP`), local training is Opacus DP-SGD on the silo's
-    examples (:func:`~fedsim.example_dp.local_delta_example_dp`).
+    examples (:func:`~fedsim.example_dp.local_delta_example_dp`). ``while_queued``: as in
+    :func:`local_delta` (not run under ``example_dp``).
     """
     if example_dp is not None:
         from fedsim.example_dp import capped_samples, local_delta_example_dp
@@ -246,13 +261,13 @@ def user_delta(
             loss_fn=data.loss,
         )
     if disk is None:
-        return local_delta(model, x0, data, user, round_index, seed, spec)
+        return local_delta(model, x0, data, user, round_index, seed, spec, while_queued=while_queued)
     if d_prev is None:
         raise ValueError("DiSK needs the previous server step d_prev (zeros at round 0)")
     stats: list[tuple[float, int]] = []
 
     def delta_at(x: torch.Tensor) -> torch.Tensor:
-        d, lo, n = local_delta(model, x, data, user, round_index, seed, spec)
+        d, lo, n = local_delta(model, x, data, user, round_index, seed, spec, while_queued=while_queued)
         stats.append((lo, n))
         return d
 
@@ -272,14 +287,17 @@ def train_one_user(
     d_prev: torch.Tensor | None = None,
     example_dp: Any = None,
     keep_device: bool = False,
+    while_queued: Callable[[], None] | None = None,
 ) -> tuple[torch.Tensor, UserResult]:
     """Train ``user`` from the flat parameters ``x0``; return ``(clip(Δ, c), result)``
     (``Δ`` from :func:`user_delta`, clipped after any DiSK mixing).
     Training runs on the model's device; the returned update is on the CPU, or on the model's
-    device with ``keep_device`` (default False).
+    device with ``keep_device`` (default False). ``while_queued``: as in :func:`local_delta`.
     """
     try:
-        delta, loss, seen = user_delta(model, x0, data, user, round_index, seed, spec, disk, d_prev, example_dp)
+        delta, loss, seen = user_delta(
+            model, x0, data, user, round_index, seed, spec, disk, d_prev, example_dp, while_queued
+        )
     except Exception:  # this user's data or training failed: it contributes zero (isolation)
         where = next(model.parameters()).device if keep_device else "cpu"
         return torch.zeros(x0.numel(), dtype=torch.float32, device=where), failed_result(user)
@@ -303,18 +321,41 @@ def train_users(
 ) -> tuple[torch.Tensor, list[UserResult]]:
     """Train each user from ``x0``; return the running sum of their clipped deltas and their results.
     ``disk``/``d_prev``: DiSK's client evaluation; ``example_dp``: Opacus DP-SGD in each silo
-    (:func:`user_delta`). The sum is kept on the model's device and returned on the CPU."""
+    (:func:`user_delta`). The sum is kept on the model's device and returned on the CPU.
+
+    Where the dataset reads users' rows lazily (``prepare_train``, e.g. Stack Overflow), the
+    next user's rows are read while this user's steps are queued: on a GPU, the host's reading
+    and decoding overlaps the device's training instead of following it."""
     dev = next(model.parameters()).device
     total = torch.zeros(x0.numel(), dtype=torch.float32, device=dev)
     x0 = x0.to(dev)  # once, not once per user
     results = []
-    for u in users:
+    for i, u in enumerate(users):
+        ahead = prepare_next(data, users[i + 1]) if i + 1 < len(users) else None
         clipped, res = train_one_user(
-            model, x0, data, u, round_index, seed, spec, disk, d_prev, example_dp, keep_device=True
+            model, x0, data, u, round_index, seed, spec, disk, d_prev, example_dp, keep_device=True, while_queued=ahead
         )
         total.add_(clipped)
         results.append(res)
     return total.cpu(), results
+
+
+def prepare_next(data: FederatedData, user: int) -> Callable[[], None] | None:
+    """``data.prepare_train(user)`` as a call that never raises, or None where the dataset has
+    no ``prepare_train``. Reading ahead must not touch the user being trained: if the next
+    user's rows fail to load, nothing happens here, and that user's own training meets the
+    error again and fails alone (isolation)."""
+    prepare = getattr(data, "prepare_train", None)
+    if prepare is None:
+        return None
+
+    def read_ahead() -> None:
+        try:
+            prepare(user)
+        except Exception:  # the next user's problem, met again (and counted) when it trains
+            pass
+
+    return read_ahead
 
 
 def train_users_ef(

@@ -112,6 +112,13 @@ class FederatedView:
     def softmax_ignore_index(self) -> int | None:
         return getattr(self._data, "softmax_ignore_index", None)
 
+    def prepare_train(self, u: int) -> None:
+        """Read user ``u``'s train rows ahead where the underlying dataset can; nothing for a
+        user it does not hold (a canary user)."""
+        prepare = getattr(self._data, "prepare_train", None)
+        if prepare is not None and 0 <= u < len(self._keep):
+            prepare(self.source_index(u))
+
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self._data.loss(out, y)
 

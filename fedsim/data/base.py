@@ -164,7 +164,13 @@ class FederatedData(Population, Protocol):
     Optional: ``softmax_ignore_index`` (an int, or None), declaring that :meth:`loss` is the mean
     softmax cross-entropy over the last dimension with rows of that target left out; local
     training may then compute it together with the model's output layer
-    (:func:`fedsim.models.softmax_head.fused_loss`). Views of a dataset forward it."""
+    (:func:`fedsim.models.softmax_head.fused_loss`). Views of a dataset forward it.
+
+    Optional: ``prepare_train(u)``, for a dataset that reads users' rows lazily: read and decode
+    user ``u``'s training rows now, so that the next :meth:`train_samples` of ``u`` finds them
+    ready (local training calls it for the next user while a GPU runs the current user's steps;
+    :func:`fedsim.training.train_users`). It must not change what :meth:`train_samples` returns.
+    Views of a dataset forward it, mapping ``u`` to the underlying user."""
 
     def train_samples(self, u: int, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]: ...
     def test_samples(self, u: int, max_examples: int | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...

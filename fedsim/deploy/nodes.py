@@ -86,6 +86,12 @@ class NodeView:
     def softmax_ignore_index(self) -> int | None:
         return getattr(self.data, "softmax_ignore_index", None)
 
+    def prepare_train(self, u: int) -> None:
+        """Read user ``u``'s train rows ahead where the underlying dataset can."""
+        prepare = getattr(self.data, "prepare_train", None)
+        if prepare is not None:
+            prepare(int(self.keep[u]))
+
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.data.loss(out, y)
 

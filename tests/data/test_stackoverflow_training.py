@@ -277,3 +277,28 @@ def test_fedsim_data_prepare_unpacks_indexes_and_verifies(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:  # our archives are not TFF's release
         main(["data", "prepare", "stackoverflow", "--root", str(root), "--verify"])
     assert e.value.code == 2 and "differs from TFF's" in capsys.readouterr().err
+
+
+def test_rows_read_ahead_are_the_rows_training_reads(so_root, monkeypatch):
+    data, fresh = load_federated(_spec(so_root)), load_federated(_spec(so_root))
+    data.prepare_train(5)
+
+    def read_again(*args, **kwargs):
+        raise AssertionError("user 5's rows were read from the database again")
+
+    monkeypatch.setattr(data.db, "examples", read_again)
+    idx = np.arange(data.num_train(5))[::-1].copy()
+    for a, b in zip(data.train_samples(5, idx), fresh.train_samples(5, idx)):
+        assert torch.equal(a, b)
+
+
+def test_views_read_ahead_the_underlying_user(so_root, monkeypatch):
+    from fedsim.attacks.views import without_users
+    from fedsim.deploy.nodes import NodeView
+
+    data = load_federated(_spec(so_root))
+    asked: list[int] = []
+    monkeypatch.setattr(data, "prepare_train", asked.append)
+    without_users(data, [0, 1]).prepare_train(3)  # presented user 3 is the source's user 5
+    NodeView(data, [7, 9, 11]).prepare_train(2)
+    assert asked == [5, 11]

@@ -245,3 +245,50 @@ def test_hostile_users_in_a_real_multi_worker_run(tmp_path):
         assert r["accepted_updates"] == 9  # every reply accepted; the two hostile users sent zero
         assert np.isfinite(r["train_loss"]) and r["eval_failed_users"] == 2
         assert np.isfinite(r["eval_accuracy"])
+
+
+class _ReadAhead:
+    """A dataset that reads users' rows lazily (``prepare_train``, as Stack Overflow does),
+    logging every read; user ``bad``'s rows cannot be read, ahead or not."""
+
+    def __init__(self, data, bad: int | None = None) -> None:
+        self._data, self.bad, self.log = data, bad, []
+
+    def __getattr__(self, name):
+        return getattr(self._data, name)
+
+    def prepare_train(self, u):
+        self.log.append(("ahead", u))
+        if u == self.bad:
+            raise RuntimeError(f"injected: user {u}'s rows cannot be read")
+
+    def train_samples(self, u, idx):
+        self.log.append(("read", u))
+        if u == self.bad:
+            raise RuntimeError(f"injected: user {u}'s rows cannot be read")
+        return self._data.train_samples(u, idx)
+
+
+def test_the_next_users_rows_are_read_ahead_while_this_users_steps_are_queued():
+    data, model, x0 = _setup()
+    ahead = _ReadAhead(data)
+    total, res = train_users(model, x0, ahead, [A, HUGE, B], 0, 0, SPEC)
+    plain, plain_res = train_users(model, x0, data, [A, HUGE, B], 0, 0, SPEC)
+    assert torch.equal(total, plain) and res == plain_res  # reading ahead changes nothing
+    log = ahead.log
+    assert [u for kind, u in log if kind == "ahead"] == [HUGE, B]  # each next user, once
+    for prev, nxt in ((A, HUGE), (HUGE, B)):
+        i = log.index(("ahead", nxt))
+        # after the previous user's last batch, before the next user's first
+        assert log[i - 1] == ("read", prev) and log[i + 1] == ("read", nxt)
+
+
+def test_a_next_user_whose_rows_cannot_be_read_ahead_fails_alone():
+    """Reading the next user's rows happens inside this user's training: the next user's bad
+    rows must not fail this user, only the next user itself."""
+    data, model, x0 = _setup()
+    total, res = train_users(model, x0, _ReadAhead(data, bad=RAISES), [A, RAISES, B], 0, 0, SPEC)
+    clean, clean_res = train_users(model, x0, data, [A, B], 0, 0, SPEC)
+    assert torch.equal(total, clean) and float(total.norm()) > 0
+    by = {r.user: r for r in res}
+    assert by[RAISES].failed and (by[A], by[B]) == tuple(clean_res)

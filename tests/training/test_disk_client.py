@@ -33,7 +33,7 @@ def test_quadratic_client_matches_closed_form(monkeypatch, mode):
     x_star = torch.tensor(rng.normal(size=7))
     starts = []
 
-    def quad_delta(model, x0, data, user, round_index, seed, spec):
+    def quad_delta(model, x0, data, user, round_index, seed, spec, while_queued=None):
         starts.append(x0.clone())
         x = x0.clone()
         for _ in range(s):

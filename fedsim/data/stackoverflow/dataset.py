@@ -160,6 +160,11 @@ class StackOverflowFederated(UserCounts):
         i = torch.as_tensor(np.asarray(idx, dtype=np.int64))
         return x[i], y[i]
 
+    def prepare_train(self, u: int) -> None:
+        """Read and decode user ``u``'s train rows into the per-process cache now (local training
+        does this for the next user while a GPU runs the current user's steps)."""
+        self._user("train", u, self.settings.max_elements_per_user)
+
     def test_samples(self, u: int, max_examples: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``max_examples`` (None: all) test-split rows of user ``u``'s client id."""
         n = self.num_test(u) if max_examples is None else min(self.num_test(u), max_examples)
