@@ -92,10 +92,11 @@ def failed_result(user: int) -> UserResult:
 def isolated_clip(delta: torch.Tensor, clip_norm: float, keep_device: bool = False) -> tuple[torch.Tensor, float, bool]:
     """``(clip(Δ, c) on the CPU, ‖Δ‖, finite)``: a non-finite delta, or one whose clipped copy is
     not finite once cast to the float32 that workers sum and send, becomes zeros with
-    ``finite = False``. The dtype of ``Δ`` is kept (the worker's float32 sum casts it).
+    ``finite = False``. The dtype of ``Δ`` is kept (the worker's float32 sum casts it); a
+    wider ``Δ`` is clipped with float32's margin, so the cast's norm is still at most ``c``.
     ``keep_device``: leave the clipped copy on ``Δ``'s device (a GPU worker sums there and
     copies the sum once, instead of every user's update). Default False."""
-    clipped, norm = clip_vector(delta, clip_norm)
+    clipped, norm = clip_vector(delta, clip_norm, sent_as=torch.float32)
     out = clipped.detach() if keep_device else clipped.detach().cpu()
     if not is_finite_norm(norm):
         return torch.zeros_like(out), math.inf, False
@@ -112,7 +113,7 @@ def isolated_clip_rows(
     """:func:`isolated_clip` on each row of a ``(U, d)`` tensor at once (vectorized training):
     ``(clipped rows on the CPU, norms, finite flags)``, each row exactly what
     :func:`isolated_clip` gives it alone. ``keep_device`` as there."""
-    out, norms = clip_rows(rows, clip_norm)
+    out, norms = clip_rows(rows, clip_norm, sent_as=torch.float32)
     out = out.detach() if keep_device else out.detach().cpu()
     finite = [is_finite_norm(n) for n in norms]
     if out.dtype == torch.float64:  # a wider dtype can still overflow the float32 cast

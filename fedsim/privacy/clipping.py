@@ -30,7 +30,7 @@ def l2_norm(v: torch.Tensor) -> float:
     return float(total.sqrt())
 
 
-def clip_vector(v: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]:
+def clip_vector(v: torch.Tensor, clip_norm: float, sent_as: torch.dtype | None = None) -> tuple[torch.Tensor, float]:
     """Return ``(clip(v, c), ‖v‖₂)``.
 
     The scale is computed in float64 and shrunk by a few ulps of ``v``'s dtype, so
@@ -42,6 +42,9 @@ def clip_vector(v: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]
     ----------
     v : flat tensor (any float dtype); not modified.
     clip_norm : ``c`` > 0, the L2 bound.
+    sent_as : the dtype the result will be rounded to before it is summed (None: ``v``'s own).
+        The margin is that of the coarser of the two, so a float64 result cast to float32
+        still has norm at most ``c``. Default None.
     """
     if clip_norm <= 0:
         raise ValueError("clip_norm must be > 0")
@@ -53,16 +56,21 @@ def clip_vector(v: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, float]
         return torch.zeros_like(v), math.inf
     if norm <= clip_norm or norm == 0.0:
         return v, norm
-    return v * clip_scale(norm, clip_norm, v.dtype), norm
+    return v * clip_scale(norm, clip_norm, v.dtype, sent_as), norm
 
 
-def clip_scale(norm: float, clip_norm: float, dtype: torch.dtype) -> float:
+def _eps(dtype: torch.dtype | None) -> float:
+    return torch.finfo(dtype).eps if dtype is not None and dtype.is_floating_point else 2.0**-23
+
+
+def clip_scale(norm: float, clip_norm: float, dtype: torch.dtype, sent_as: torch.dtype | None = None) -> float:
     """The factor that clips a vector of finite float64 norm ``norm`` > ``clip_norm`` of entries of
-    ``dtype``: ``(c / norm)`` shrunk by ``4·eps`` of the dtype, so that the product's norm stays
-    at most ``c`` after the dtype's rounding (1.0 where nothing is clipped)."""
+    ``dtype``: ``(c / norm)`` shrunk by ``4·eps`` of the dtype (or of ``sent_as``, the dtype the
+    result is later rounded to, where that is coarser), so that the product's norm stays at most
+    ``c`` after that rounding (1.0 where nothing is clipped)."""
     if norm <= clip_norm or norm == 0.0:
         return 1.0
-    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 2.0**-23
+    eps = max(_eps(dtype), _eps(sent_as)) if sent_as is not None else _eps(dtype)
     return (clip_norm / norm) * (1.0 - 4.0 * eps)
 
 
@@ -88,7 +96,9 @@ def row_norms(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts).cpu() if parts else torch.zeros(0, dtype=torch.float64)
 
 
-def clip_rows(rows: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, list[float]]:
+def clip_rows(
+    rows: torch.Tensor, clip_norm: float, sent_as: torch.dtype | None = None
+) -> tuple[torch.Tensor, list[float]]:
     """:func:`clip_vector` on each row of a ``(U, d)`` tensor at once: ``(clipped rows, norms)``.
 
     Each row gets the scale :func:`clip_vector` would give it (computed in float64 from the
@@ -99,18 +109,19 @@ def clip_rows(rows: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, list[
 
     Parameters
     ----------
-    rows : ``(U, d)`` float tensor, one flat vector per row; not modified.
+    rows : ``(U, d)`` float tensor, one flat vector per row (on any device); not modified.
     clip_norm : ``c`` > 0, the L2 bound.
+    sent_as : as in :func:`clip_vector`. Default None.
     """
     if clip_norm <= 0:
         raise ValueError("clip_norm must be > 0")
     norms = row_norms(rows).tolist()
-    scales = [clip_scale(n, clip_norm, rows.dtype) if math.isfinite(n) else 0.0 for n in norms]
+    scales = [clip_scale(n, clip_norm, rows.dtype, sent_as) if math.isfinite(n) else 0.0 for n in norms]
     # A Python-float scale multiplies a row in the row's arithmetic type (float32 for float32
     # and the half types, which torch computes in float32 and rounds back; float64 for float64):
     # the scales are cast the same way, so each row gets clip_vector's bits.
     wide = torch.float64 if rows.dtype == torch.float64 else torch.float32
-    factor = torch.tensor(scales, dtype=torch.float64).to(wide).unsqueeze(1)
+    factor = torch.tensor(scales, dtype=torch.float64).to(wide).to(rows.device).unsqueeze(1)
     out = (rows.to(wide) * factor).to(rows.dtype) if rows.dtype != wide else rows * factor
     bad = [i for i, n in enumerate(norms) if not math.isfinite(n)]
     if bad:  # NaN·0 is NaN: a non-finite row is set to zeros, not scaled

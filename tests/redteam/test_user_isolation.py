@@ -74,6 +74,30 @@ def test_a_float64_update_that_overflows_the_float32_cast_is_zeroed():
     assert finite and torch.isfinite(out.to(torch.float32)).all()
 
 
+def test_a_clipped_float64_update_stays_within_c_once_cast_to_the_float32_workers_sum():
+    """A worker sums clipped updates in float32. A float64 delta clipped with float64's margin
+    (about 1e-15) can round above ``c`` in that cast (each entry moves by up to 6e-8 of itself),
+    so one user would weigh more than ``c`` in the sum. Both clipping paths use float32's margin
+    for wider deltas: the cast's norm, in float64, is at most ``c`` for every vector."""
+    from fedsim.training import isolated_clip, isolated_clip_rows
+
+    g = torch.Generator().manual_seed(7)
+    rows = torch.randn(400, 33, generator=g, dtype=torch.float64) * 5
+    for c in (1.0, 0.1, 3.7):
+        sent, _, _ = isolated_clip_rows(rows, c)
+        for i in range(rows.shape[0]):
+            alone, norm, ok = isolated_clip(rows[i], c)
+            assert ok and norm > c
+            assert _norm64(alone.to(torch.float32)) <= c
+            assert _norm64(sent[i].to(torch.float32)) <= c
+            # still a clip: the norm is c up to the margin, not some smaller vector
+            assert _norm64(alone) >= c * (1 - 1e-6)
+
+
+def _norm64(v: torch.Tensor) -> float:
+    return float(np.linalg.norm(v.numpy().astype(np.float64)))
+
+
 def test_rows_clipped_together_are_each_isolated():
     """Vectorized training clips its users' deltas as one batch (:func:`isolated_clip_rows`): a
     row that overflows the float32 cast, or holds a NaN, becomes zeros, and every other row is
