@@ -79,7 +79,10 @@ class ClientConfig(_Section):
     lr : local SGD step size. Default 1.0.
     clip_norm : ``c``, L2 bound on each user's flattened model delta. Default 1.0.
     max_examples : at most this many training samples per user per epoch, drawn
-        without replacement with a seed derived from (seed, round, user). Default 64.
+        without replacement with a seed derived from (seed, round, user). With
+        ``privacy.unit = "example"`` it bounds a silo's DP-SGD steps per epoch
+        (``⌈min(n, max_examples)/B⌉``) instead; the Poisson batches come from all its records.
+        Default 64.
     error_feedback : clipping error feedback (DiceSGD; docs/algorithms.md §8): ``none``
         (default), ``client`` (each user keeps its clipping error across participations and
         sends ``clip(Δ, c₁) + clip(e, c₂)``; the noise then scales with ``c₁ + c₂``) or

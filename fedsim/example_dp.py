@@ -14,8 +14,15 @@ message). Nobody outside the silo, the server included, can regenerate the noise
 public. The price: example-level runs are not bit-reproducible from the config seed, and a resumed
 run continues with fresh silo keys.
 
+Every step's Poisson batch is drawn from all ``n_i`` of the silo's records; ``client.max_examples``
+(``m``) bounds the work, not the data: a participation takes ``epochs·⌈min(n_i, m)/B⌉`` steps at
+rate ``q_i = 1/⌈n_i/B⌉``. (A capped subset of records would break the guarantee: chosen by a draw
+over ``n_i`` records, or by position, one added record changes which other records are in it,
+so neighbouring silo datasets would be trained on sets that differ in many records.) As in
+Opacus, ``n_i`` is treated as public.
+
 The silo's own guarantee is computed with Opacus's RDP accountant over all of the silo's
-participations: ``k_i`` participations × ``epochs·⌈n_i/B⌉`` steps at rate ``q_i``. The
+participations: ``k_i`` participations × ``epochs·⌈min(n_i, m)/B⌉`` steps at rate ``q_i``. The
 ledger records the largest such ε over silos (and the per-silo counts, so it can be
 recomputed), next to the server-side user-level ε when that is on too; the two protect
 different units and do not compose into one number.
@@ -34,7 +41,6 @@ import torch
 from torch import nn
 
 from fedsim.privacy.rng import PrivacyKey, gaussians, uniforms
-from fedsim.seeding import make_generator
 
 _SILO_KEY: PrivacyKey | None = None
 
@@ -99,11 +105,16 @@ class ExampleDP:
     clip_norm: float
 
 
-def steps_and_rate(num_examples: int, batch_size: int, epochs: int) -> tuple[int, float]:
+def steps_and_rate(
+    num_examples: int, batch_size: int, epochs: int, max_examples: int | None = None
+) -> tuple[int, float]:
     """DP-SGD steps per participation and the Poisson rate of one silo with ``n`` examples:
-    ``(epochs·⌈n/B⌉, 1/⌈n/B⌉)`` (Opacus's ``DPDataLoader`` convention)."""
+    ``(epochs·⌈min(n, m)/B⌉, 1/⌈n/B⌉)``. The rate is Opacus's ``DPDataLoader`` convention over
+    all ``n`` examples; ``max_examples`` (``m``, None: no bound) shortens the epoch to the steps
+    that ``m`` examples would take, and never changes the rate."""
     batches = max(1, math.ceil(num_examples / batch_size))
-    return epochs * batches, 1.0 / batches
+    per_epoch = batches if max_examples is None else max(1, math.ceil(min(num_examples, max_examples) / batch_size))
+    return epochs * per_epoch, 1.0 / batches
 
 
 def silo_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
@@ -130,14 +141,18 @@ def local_delta_example_dp(
     dp: ExampleDP,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
     key: PrivacyKey | None = None,
+    max_examples: int | None = None,
 ) -> tuple[torch.Tensor, float, int]:
     """One silo's DP-SGD local training from ``x0``; returns ``(Δ, mean loss, examples seen)``.
 
-    ``model`` must be built with ``dp_layers=True``; its parameters are overwritten. ``loss_fn``:
-    the batch loss, a mean over examples of per-example losses (what Opacus's ``mean``
-    reduction assumes). Default: cross-entropy. ``seed`` is public and drives no DP draw;
-    ``key`` is the silo's key (default :func:`silo_key`), from which this round's and user's batch
-    coins and noise are derived.
+    ``samples``: every one of the silo's training records (:func:`silo_samples`); each step's
+    Poisson batch is drawn from all of them. ``model`` must be built with ``dp_layers=True``;
+    its parameters are overwritten. ``loss_fn``: the batch loss, a mean over examples of
+    per-example losses (what Opacus's ``mean`` reduction assumes). Default: cross-entropy.
+    ``seed`` is public and drives no DP draw; ``key`` is the silo's key (default
+    :func:`silo_key`), from which this round's and user's batch coins and noise are derived.
+    ``max_examples``: the epoch's steps are those of this many records
+    (:func:`steps_and_rate`; None: all of them). Default None.
     """
     from opacus import GradSampleModule
 
@@ -150,7 +165,7 @@ def local_delta_example_dp(
     model.train()
     X, Y = samples
     k = (key if key is not None else silo_key()).derive("example-dp", int(round_index), int(user))
-    steps_per_epoch, rate = steps_and_rate(len(Y), batch_size, 1)
+    steps_per_epoch, rate = steps_and_rate(len(Y), batch_size, 1, max_examples)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus warns about secure_mode and hooks
         gsm = GradSampleModule(model)
@@ -247,11 +262,12 @@ class SiloLedger:
         self.epsilons = {int(k): float(v) for k, v in state["epsilons"].items()}
 
 
-def capped_samples(
-    data: Any, user: int, round_index: int, seed: int, max_examples: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The silo's training set for this round: up to ``max_examples`` samples, a seeded draw."""
-    g = make_generator(seed, "client", int(round_index), int(user))
-    n = data.num_train(user)
-    perm = torch.randperm(n, generator=g)[:max_examples].numpy()
-    return data.train_samples(user, np.sort(perm))
+def silo_samples(data: Any, user: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """All of silo ``user``'s training records, in order: DP-SGD's Poisson batches are drawn
+    from every one of them (the ledger's rate is over ``data.num_train(user)``). A source that
+    returns another number of records raises ``ValueError`` (the silo fails alone)."""
+    n = int(data.num_train(user))
+    X, Y = data.train_samples(user, np.arange(n))
+    if len(X) != n or len(Y) != n:
+        raise ValueError(f"silo {user}: asked for its {n} training records, got {len(Y)}")
+    return X, Y

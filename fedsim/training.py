@@ -245,9 +245,9 @@ def user_delta(
     :func:`local_delta` (not run under ``example_dp``).
     """
     if example_dp is not None:
-        from fedsim.example_dp import capped_samples, local_delta_example_dp
+        from fedsim.example_dp import local_delta_example_dp, silo_samples
 
-        samples = capped_samples(data, user, round_index, seed, spec.max_examples)
+        samples = silo_samples(data, user)
         return local_delta_example_dp(
             model,
             x0,
@@ -260,6 +260,7 @@ def user_delta(
             spec.epochs,
             example_dp,
             loss_fn=data.loss,
+            max_examples=spec.max_examples,
         )
     if disk is None:
         return local_delta(model, x0, data, user, round_index, seed, spec, while_queued=while_queued)

@@ -512,7 +512,7 @@ def _build_ledger(cfg: Config, prep: Prepared, notes: list[str]) -> tuple[Ledger
         example_dp,
         ex_delta,
         {
-            u: steps_and_rate(min(n, cfg.client.max_examples), cfg.client.batch_size, cfg.client.local_epochs)
+            u: steps_and_rate(n, cfg.client.batch_size, cfg.client.local_epochs, cfg.client.max_examples)
             for u, n in enumerate(n_train)
         },
     )

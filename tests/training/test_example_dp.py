@@ -30,6 +30,10 @@ def test_steps_and_rate():
     assert steps_and_rate(64, 8, 1) == (8, 1 / 8)
     assert steps_and_rate(65, 8, 2) == (18, 1 / 9)
     assert steps_and_rate(3, 8, 1) == (1, 1.0)
+    # max_examples bounds the steps, never the rate: the batches come from all n records
+    assert steps_and_rate(200, 8, 1, 64) == (8, 1 / 25)
+    assert steps_and_rate(200, 8, 2, 20) == (6, 1 / 25)
+    assert steps_and_rate(12, 8, 1, 64) == (2, 1 / 2)
 
 
 def _samples(n=40, window=10, vocab=80, seed=0):
@@ -37,18 +41,100 @@ def _samples(n=40, window=10, vocab=80, seed=0):
     return torch.randint(0, vocab, (n, window), generator=g), torch.randint(0, vocab, (n,), generator=g)
 
 
-def test_pure_noise_update_has_the_dp_sgd_variance():
+@pytest.mark.parametrize("max_examples", [None, 16])
+def test_pure_noise_update_has_the_dp_sgd_variance(max_examples):
     """With per-sample clip 1e-9 the gradient signal vanishes and the update is Opacus's noise
-    alone: Δ = −lr·Σ_s σ·C·ξ_s/B, per-coordinate variance (lr·σ·C/B)²·steps."""
+    alone: Δ = −lr·Σ_s σ·C·ξ_s/B, per-coordinate variance (lr·σ·C/B)²·steps. The steps taken
+    are the ledger's (10 without a bound, 4 with max_examples = 16)."""
     model = make_model("shakespeare_lstm_small", 80, seed=0, dp_layers=True)
     x0 = parameters_to_vector(model.parameters()).detach().clone()
     lr, sigma, c, batch, epochs = 0.5, 2.0, 1e-9, 8, 2
     X, Y = _samples()
-    delta, _, _ = local_delta_example_dp(model, x0, (X, Y), 3, 5, 0, lr, batch, epochs, ExampleDP(sigma, c))
-    steps = steps_and_rate(len(Y), batch, epochs)[0]
+    delta, _, _ = local_delta_example_dp(
+        model, x0, (X, Y), 3, 5, 0, lr, batch, epochs, ExampleDP(sigma, c), max_examples=max_examples
+    )
+    steps = steps_and_rate(len(Y), batch, epochs, max_examples)[0]
+    assert steps == (10 if max_examples is None else 4)
     want = (lr * sigma * c / batch) ** 2 * steps
     d = delta.numel()
     assert float(delta.double().var()) == pytest.approx(want, rel=5 * np.sqrt(2 / d))
+
+
+class _Silo:
+    """One silo's records (user 0), as a federated dataset serves them."""
+
+    def __init__(self, X: torch.Tensor, Y: torch.Tensor) -> None:
+        self.X, self.Y = X, Y
+
+    def num_train(self, user: int) -> int:
+        return len(self.Y)
+
+    def train_samples(self, user: int, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        sel = torch.from_numpy(np.asarray(idx, dtype=np.int64))
+        return self.X[sel], self.Y[sel]
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(out, y)
+
+
+def test_one_added_record_changes_no_other_records_batches(monkeypatch):
+    """The attack: example-level DP is accounted for a silo dataset that changes by one record,
+    each record joining each step's batch on its own coin. If the records trained on were a
+    capped subset (``client.max_examples``) drawn over the silo's ``n`` records, adding one
+    record would reshuffle which other records are in it (44 of 64 for n = 200), and the two
+    neighbouring datasets would be trained on sets far apart. Here a silo of 41 records and the
+    same silo plus one record, under one silo key: every other record's batch memberships are
+    the same, and where the added record happens to join no batch the update is bit for bit the
+    same."""
+    import fedsim.example_dp as ex
+    from fedsim.privacy.rng import PrivacyKey
+    from fedsim.training import LocalTraining, user_delta
+
+    X, Y = _samples(n=42, seed=4)
+    small, big = _Silo(X[:41], Y[:41]), _Silo(X, Y)
+    spec = LocalTraining(epochs=2, batch_size=8, lr=0.5, max_examples=16, clip_norm=1.0)
+    round_index, user = 3, 0
+    steps, rate = steps_and_rate(41, 8, 1, 16)
+    assert steps_and_rate(42, 8, 1, 16) == (steps, rate) == (2, 1 / 6)
+
+    def batches(key, n):
+        k = key.derive("example-dp", round_index, user)
+        return [b for e in range(spec.epochs) for b in ex.poisson_batches(n, rate, steps, k.derive("batches", e))]
+
+    absent = None
+    for i in range(50):
+        key = PrivacyKey.from_seed(1000 + i)
+        with_r, without_r = batches(key, 42), batches(key, 41)
+        for a, b in zip(with_r, without_r):
+            assert np.array_equal(a[a < 41], b)  # the other records' coins do not depend on n
+        if absent is None and not any(41 in b for b in with_r):
+            absent = key
+    assert absent is not None
+
+    monkeypatch.setattr(ex, "_SILO_KEY", absent)
+    dp = ExampleDP(1.0, 1.0)
+    out = []
+    for silo in (small, big):
+        model = make_model("shakespeare_lstm_small", 80, seed=0, dp_layers=True)
+        x0 = parameters_to_vector(model.parameters()).detach().clone()
+        out.append(user_delta(model, x0, silo, user, round_index, 0, spec, example_dp=dp))
+    assert torch.equal(out[0][0], out[1][0]) and out[0][2] == out[1][2]
+
+
+def test_a_silo_whose_source_returns_too_few_records_fails():
+    """The ledger's rate is over ``num_train`` records; a source that serves fewer would train
+    at another rate than the one accounted, so the silo raises (and fails alone)."""
+    from fedsim.example_dp import silo_samples
+
+    class Short(_Silo):
+        def train_samples(self, user, idx):
+            X, Y = super().train_samples(user, idx)
+            return X[:-1], Y[:-1]
+
+    X, Y = _samples(n=10)
+    assert torch.equal(silo_samples(_Silo(X, Y), 0)[1], Y)
+    with pytest.raises(ValueError, match="asked for its 10 training records, got 9"):
+        silo_samples(Short(X, Y), 0)
 
 
 def test_seeded_and_differs_from_plain_sgd():
