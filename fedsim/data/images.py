@@ -23,8 +23,11 @@ Published column layouts (checked, with a message naming what is missing):
 Decoded pixels are cached once as ``uint8`` arrays under ``$FEDSIM_CACHE/arrays/<name>-<key>/``
 (the key hashes the dataset name, the settings and every data file's path, size and mtime),
 and memory-mapped afterwards, so every worker shares one copy through the page cache.
-Inputs are scaled to ``[0, 1]`` and standardized per channel with the train split's mean and
-standard deviation (computed once, stored with the cache); no augmentation.
+Inputs are scaled to ``[0, 1]`` and standardized per channel with constants fixed in this module
+before any run (:data:`LAYOUTS`): CIFAR-100's published channel means and standard deviations, and
+``(x − 0.5)/0.5`` for FEMNIST; no augmentation. They are never computed from the population's
+pixels: statistics over every user's images would let one user's data change every other user's
+inputs, hence their updates, which user-level DP does not allow.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ FEMNIST_TRAIN_FRACTION = 0.9
 @dataclass(frozen=True)
 class ImageLayout:
     """A published column layout: image column, label column, user column (None: partitioned),
-    classes, channels and side length."""
+    classes, channels, side length, splits, and the fixed per-channel ``mean`` and ``std`` that
+    standardize pixels scaled to [0, 1]."""
 
     image: str
     label: str
@@ -59,11 +63,23 @@ class ImageLayout:
     channels: int
     size: int
     splits: tuple[str, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
 
 
 LAYOUTS = {
-    "femnist": ImageLayout("image", "character", "writer_id", 62, 1, 28, ("train",)),
-    "cifar100": ImageLayout("img", "fine_label", None, 100, 3, 32, ("train", "test")),
+    "femnist": ImageLayout("image", "character", "writer_id", 62, 1, 28, ("train",), (0.5,), (0.5,)),
+    "cifar100": ImageLayout(
+        "img",
+        "fine_label",
+        None,
+        100,
+        3,
+        32,
+        ("train", "test"),
+        (0.5071, 0.4865, 0.4409),
+        (0.2673, 0.2564, 0.2762),
+    ),
 }
 
 
@@ -188,17 +204,12 @@ def _with_row(ds: Any) -> Any:
 
 
 def _save(tmp: Path, built: dict[str, Any]) -> None:
-    """Write the arrays user-contiguous (train rows of user 0, user 1, …), the counts and the
-    train split's per-channel mean and standard deviation."""
+    """Write the arrays user-contiguous (train rows of user 0, user 1, …) and the counts."""
     meta: dict[str, Any] = {"names": built["names"]}
     for split in ("train", "test"):
         x = built[f"{split}_x"] if built[f"{split}_x"] is not None else built["train_x"]
         y = built[f"{split}_y"] if built[f"{split}_y"] is not None else built["train_y"]
         meta[f"{split}_counts"] = user_contiguous(tmp, split, x, y, built[f"{split}_idx"])
-    xs = np.load(tmp / "train_x.npy", mmap_mode="r")
-    mean = [float(np.mean(xs[:, c], dtype=np.float64) / 255.0) for c in range(xs.shape[1])]
-    std = [float(np.std(xs[:, c], dtype=np.float64) / 255.0) or 1.0 for c in range(xs.shape[1])]
-    meta.update(mean=mean, std=std)
     (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
@@ -242,9 +253,9 @@ class FederatedImages(TopOneClassification, CachedArrays):
         cache = Path(cache_dir) if cache_dir else default_cache_dir()
         folder = cache_folder(cache, name, root, CACHE_VERSION, [num_clients, partition_alpha, seed])
         build_once(folder, lambda tmp: _save(tmp, _build(name, root, num_clients, partition_alpha, seed, cache)))
-        meta = self._open(folder, keep)
-        self.mean = torch.tensor(meta["mean"]).view(1, -1, 1, 1)
-        self.std = torch.tensor(meta["std"]).view(1, -1, 1, 1)
+        self._open(folder, keep)
+        self.mean = torch.tensor(self.layout.mean).view(1, -1, 1, 1)
+        self.std = torch.tensor(self.layout.std).view(1, -1, 1, 1)
         self.vocab_size = self.layout.num_classes
 
     def model_dims(self) -> dict[str, int]:
@@ -252,7 +263,7 @@ class FederatedImages(TopOneClassification, CachedArrays):
         return {"channels": self.layout.channels, "size": self.layout.size, "num_classes": self.layout.num_classes}
 
     def _inputs(self, x: np.ndarray) -> torch.Tensor:
-        """Pixels scaled to [0, 1] and standardized per channel."""
+        """Pixels scaled to [0, 1] and standardized per channel with the layout's fixed constants."""
         return (torch.from_numpy(x).float().div_(255.0) - self.mean) / self.std
 
 

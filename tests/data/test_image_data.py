@@ -126,12 +126,47 @@ def test_save_to_disk_and_parquet_give_the_same_users_and_pixels(femnist_dirs, t
         assert torch.equal(ya, yb)
 
 
-def test_standardized_inputs_have_zero_mean_unit_std_over_the_train_rows(femnist_dirs, tmp_path):
+def test_inputs_are_standardized_with_fixed_constants(femnist_dirs, cifar_dir, tmp_path):
     _, disk, _ = femnist_dirs
-    data = FederatedImages("femnist", disk, cache_dir=tmp_path)
-    xs = torch.cat([data.train_samples(u, np.arange(data.num_train(u)))[0] for u in range(data.population)])
-    assert float(xs.mean()) == pytest.approx(0.0, abs=1e-4)
-    assert float(xs.std()) == pytest.approx(1.0, abs=1e-3)
+    data = FederatedImages("femnist", disk, cache_dir=tmp_path / "f")
+    x, _ = data.train_samples(0, np.arange(data.num_train(0)))
+    raw = torch.from_numpy(_pixels(femnist_dirs[0], "image", _rows_of(femnist_dirs[0], data.names[0])))
+    raw = raw[: data.num_train(0)].float() / 255.0
+    torch.testing.assert_close(x[:, 0], (raw - 0.5) / 0.5, rtol=0, atol=1e-6)
+    cifar = FederatedImages("cifar100", cifar_dir[1], num_clients=4, cache_dir=tmp_path / "c")
+    assert cifar.mean.view(-1).tolist() == pytest.approx([0.5071, 0.4865, 0.4409])
+    assert cifar.std.view(-1).tolist() == pytest.approx([0.2673, 0.2564, 0.2762])
+
+
+def _rows_of(ds, writer):
+    return [i for i, w in enumerate(ds["writer_id"]) if w == writer]
+
+
+def test_one_added_writer_changes_no_other_writers_inputs(tmp_path):
+    """The attack: under user-level DP, adding or removing one user may change nothing but that
+    user's contribution. Inputs standardized with the statistics of every user's pixels moved
+    when one writer with all-white pages joined, and so did every other writer's inputs and
+    update. With fixed constants each other writer's inputs are the same, bit for bit."""
+    base = _femnist(n=120, seed=3)
+    extra = datasets.Dataset.from_dict(
+        {
+            "image": [Image.fromarray(np.full((28, 28), 255, dtype=np.uint8), mode="L")] * 40,
+            "writer_id": ["f7777_77"] * 40,
+            "hsf_id": [0] * 40,
+            "character": [1] * 40,
+        },
+        features=FEMNIST_FEATURES,
+    )
+    base.save_to_disk(str(tmp_path / "without"))
+    datasets.concatenate_datasets([base, extra]).save_to_disk(str(tmp_path / "with"))
+    a = FederatedImages("femnist", tmp_path / "without", cache_dir=tmp_path / "ca")
+    b = FederatedImages("femnist", tmp_path / "with", cache_dir=tmp_path / "cb")
+    assert set(b.names) - set(a.names) == {"f7777_77"}
+    for u, name in enumerate(a.names):
+        v = b.names.index(name)
+        xa, ya = a.train_samples(u, np.arange(a.num_train(u)))
+        xb, yb = b.train_samples(v, np.arange(b.num_train(v)))
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
 def test_cifar_partition_covers_every_row_once_and_is_seeded(cifar_dir, tmp_path):
