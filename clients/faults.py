@@ -60,8 +60,9 @@ def _corrupt(reply: Message, kind: str, source: Message) -> Message:
     return reply
 
 
-def make_fault_mod(faults: dict[int, str]) -> Callable:
-    """A ClientApp mod injecting ``faults`` ({partition_id: kind}) into train replies."""
+def make_fault_mod(faults: dict[int, str], rounds: set[int] | None = None) -> Callable:
+    """A ClientApp mod injecting ``faults`` ({partition_id: kind}) into train replies, in the
+    server rounds ``rounds`` only (1-based, as metrics rows number them; None: every round)."""
     for k in faults.values():
         if k not in FAULT_KINDS:
             raise ValueError(f"unknown fault {k!r}; allowed: {FAULT_KINDS}")
@@ -69,6 +70,9 @@ def make_fault_mod(faults: dict[int, str]) -> Callable:
     def fault_mod(msg: Message, context: Context, call_next: Callable) -> Message:
         kind = faults.get(int(context.node_config.get("partition-id", -1)))
         if kind is None or msg.metadata.message_type != "train":
+            return call_next(msg, context)
+        # the message carries the 0-based round index t; rounds are counted as metrics rows count them
+        if rounds is not None and msg.content.config_records[protocol.CONFIG]["round"] + 1 not in rounds:
             return call_next(msg, context)
         if kind == "error":
             raise RuntimeError("injected client fault")
@@ -82,9 +86,9 @@ def make_fault_mod(faults: dict[int, str]) -> Callable:
     return fault_mod
 
 
-def make_faulty_client_app(faults: dict[int, str]) -> ClientApp:
-    """fedsim's ClientApp with :func:`make_fault_mod` installed."""
-    app = ClientApp(mods=[make_fault_mod(faults)])
+def make_faulty_client_app(faults: dict[int, str], rounds: set[int] | None = None) -> ClientApp:
+    """fedsim's ClientApp with :func:`make_fault_mod` installed (``rounds`` as there)."""
+    app = ClientApp(mods=[make_fault_mod(faults, rounds)])
     app.train()(train)
     app.evaluate()(evaluate)
     return app

@@ -466,7 +466,9 @@ class TrackingConfig(_Section):
 
 
 class CheckpointConfig(_Section):
-    """Checkpoint every this many rounds (and always after the last)."""
+    """Checkpoint every this many rounds (and always after the last, and after a round with a
+    dropped reply, a failed user or a failed evaluation reply, before its row is published: such
+    a round is never re-run with the same noise by a resume)."""
 
     every: int = Field(default=1, ge=1)
 

@@ -126,10 +126,29 @@ class LedgerFile(RunCallback):
             self.write()
 
 
+def irregular(row: dict[str, Any]) -> bool:
+    """Whether round ``row`` aggregated inputs that a re-run of it might not reproduce: a reply
+    was dropped (a timeout, a node's error, a malformed reply), a user's training failed (its data
+    could not be read) or an evaluation reply failed. Everything else about a round (cohort,
+    training, noise) is a function of the checkpoint and the key, so a re-run gives the same row."""
+    return bool(row.get("dropped_replies") or row.get("failed_users") or row.get("eval_failed_replies"))
+
+
 class Checkpointer(RunCallback):
     """``checkpoint/``: every stateful piece after round ``r`` when ``r`` is a multiple of
-    ``checkpoint.every`` or the last round, and after the last completed round on a stop; the
-    ledger file is rewritten with it. :meth:`restore` loads a checkpoint into a built run.
+    ``checkpoint.every``, the last round, or :func:`irregular`, and after the last completed round
+    on a stop; the ledger file is rewritten with it. :meth:`restore` loads a checkpoint into a
+    built run.
+
+    It runs before any callback that publishes the row (``metrics.jsonl``, the progress line,
+    trackers, a sweep's reports). A round's noise is a function of the key and the round, so a
+    crashed run that re-ran a published round from an earlier checkpoint would publish it twice
+    with the same noise; if the round's inputs differed (a reply that timed out the first time
+    arrives the second), the difference of the two releases is the difference of the inputs,
+    noise-free. So an irregular round is checkpointed before its row is published and is never
+    re-run; the other rounds between checkpoints re-run to the rows already published. The
+    checkpoint keeps its round's row, which :meth:`restore` appends to ``metrics.jsonl`` when the
+    run stopped between the checkpoint and the row.
 
     Parameters
     ----------
@@ -160,13 +179,22 @@ class Checkpointer(RunCallback):
             raise FedsimError(f"checkpoint in {out} is inconsistent (rows {done}, round {run.server.round})")
         if done >= run.cfg.rounds:
             raise FedsimError(f"the run in {out} is already complete ({done} of {run.cfg.rounds} rounds)")
+        row = ckpt.get("row")
+        path = out / "metrics.jsonl"
+        if row is not None and row.get("round") == done and path.exists():
+            lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+            if len(lines) == done - 1:  # stopped after the checkpoint, before its row was written
+                writer = MetricsWriter(path)
+                writer.write(public_row(row, run.publish))
+                writer.close()
 
     def on_start(self, run: Run, out: Path, resumed: bool) -> None:
         self.run, self.out = run, out
 
-    def save(self, r: int, settle: bool = False) -> None:
+    def save(self, r: int, settle: bool = False, row: dict[str, Any] | None = None) -> None:
         """Checkpoint the state after round ``r`` and write the ledger (``settle``: with ε after
-        round ``r`` even where ``privacy.account_every`` skipped it; :meth:`LedgerFile.write`)."""
+        round ``r`` even where ``privacy.account_every`` skipped it; :meth:`LedgerFile.write`).
+        ``row``: round ``r``'s metrics row, kept with it (see the class docstring)."""
         run, out = self.run, self.out
         assert run is not None and out is not None, "on_start comes first"
         save_checkpoint(
@@ -179,6 +207,7 @@ class Checkpointer(RunCallback):
                 "sampler": run.sampler.state_dict(),
                 "client_state": None if run.client_store is None else run.client_store.state_dict(),
                 "metrics_rows": r,
+                "row": row,
                 "wall_seconds": time.perf_counter() - self.t_start,
                 "config": run.resolved.model_dump(mode="json"),
             },
@@ -189,8 +218,8 @@ class Checkpointer(RunCallback):
     def on_round_end(self, row: dict[str, Any]) -> None:
         assert self.run is not None
         r = row["round"]
-        if r % self.run.cfg.checkpoint.every == 0 or r == self.run.cfg.rounds:
-            self.save(r)
+        if r % self.run.cfg.checkpoint.every == 0 or r == self.run.cfg.rounds or irregular(row):
+            self.save(r, row=row)
 
     def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
         if status == "stopped" and self.run is not None:

@@ -122,7 +122,8 @@ def _standard_callbacks(
     """The built-in callbacks of ``run``, in the order they are called (``t_start``: the
     ``time.perf_counter()`` the run's wall time counts from, for the checkpoints)."""
     metrics, line, ledger = MetricsFile(), Progress(progress), LedgerFile()
-    cbs: list[RunCallback] = [metrics, Checkpointer(ledger, t_start), ledger, line, Plots()]
+    # the checkpoint first: a row is published only after any checkpoint of its round
+    cbs: list[RunCallback] = [Checkpointer(ledger, t_start), ledger, metrics, line, Plots()]
     trackers = run.trackers()
     if trackers:
         cbs.append(Tracking(trackers, warn=lambda text: line.notice(f"fedsim: warning: {text}")))

@@ -1,0 +1,111 @@
+"""A round is published once: a crashed run never re-runs a published round whose inputs a
+re-run might not reproduce.
+
+The noise of round ``t`` is a function of the key and ``t``. A run that crashed after publishing
+round ``t`` and re-ran it from an earlier checkpoint would publish round ``t`` twice with the
+same noise. If a reply that was dropped the first time (a timeout, a node's error) arrives the
+second time, the difference of the two published rows is that reply's users' contribution,
+noise-free. The attack: a round with a node's error between two checkpoints, then a crash.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import fedsim.run.callbacks as callbacks_module
+from clients.faults import make_faulty_client_app
+from fedsim.config import load_config
+from fedsim.run import run_experiment
+from fedsim.run.callbacks import MetricsFile, RunCallback
+
+BASE = [
+    "data.name='synthetic'",
+    "data.num_clients=24",
+    "model.name='logreg'",
+    "sampling.scheme='fixed'",
+    "sampling.cohort_size=6",
+    "privacy.mechanism='gaussian'",
+    "privacy.noise_multiplier=1.0",
+    "clipping.adaptive=true",
+    "clipping.count_stddev=2.0",
+    "eval.every=0",
+    "sim.engine='inprocess'",
+    "sim.num_workers=2",
+]
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _released(row):
+    """A row without its timings (which differ between any two executions)."""
+    return {k: v for k, v in row.items() if "seconds" not in k}
+
+
+class _CrashAfter(RunCallback):
+    """Fails the run once round ``r``'s row has been published (a crash before the next checkpoint)."""
+
+    def __init__(self, r: int) -> None:
+        self.r = r
+
+    def on_round_end(self, row):
+        if row["round"] == self.r:
+            raise RuntimeError(f"crash after round {self.r}")
+
+
+def test_a_round_with_a_dropped_reply_is_checkpointed_before_it_is_published_and_never_rerun(tmp_path, monkeypatch):
+    saves: list[tuple[int, int]] = []  # (checkpointed round, rows in metrics.jsonl at that moment)
+    real_save = callbacks_module.save_checkpoint
+    out = tmp_path / "run"
+
+    def recording_save(folder, state):
+        path = out / "metrics.jsonl"
+        saves.append((state["metrics_rows"], len(path.read_text().splitlines()) if path.exists() else 0))
+        return real_save(folder, state)
+
+    monkeypatch.setattr(callbacks_module, "save_checkpoint", recording_save)
+    cfg = load_config(None, BASE + ["rounds=6", "checkpoint.every=1000"])
+    faulty = make_faulty_client_app({0: "error"}, rounds={3})
+    with pytest.raises(RuntimeError, match="crash after round 4"):
+        run_experiment(cfg, out, progress=False, client_app=faulty, callbacks=[_CrashAfter(4)])
+    first = _rows(out)
+    assert [r["round"] for r in first] == [1, 2, 3, 4]
+    assert first[2]["dropped_replies"] == 1 and not any(r["dropped_replies"] for r in first[:2] + first[3:])
+    # round 3 was checkpointed before its row existed anywhere; no other round was (every = 1000)
+    assert saves == [(3, 2)]
+
+    # The resumed run starts after round 3: round 3 is not re-run (its node is healthy now, so
+    # a re-run would aggregate one more reply under the same noise). Round 4 is re-run, to the
+    # row already published.
+    monkeypatch.setattr(callbacks_module, "save_checkpoint", real_save)
+    run_experiment(cfg, out, progress=False, resume=True)
+    rows = _rows(out)
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [_released(r) for r in rows[:4]] == [_released(r) for r in first]
+
+
+def test_a_run_stopped_between_a_checkpoint_and_its_row_resumes_with_that_row(tmp_path, monkeypatch):
+    """The checkpoint is written before the row: a run that stops in between has a checkpoint
+    one row ahead of ``metrics.jsonl``. The checkpoint keeps the row; the resume writes it."""
+    cfg = load_config(None, BASE + ["rounds=4", "checkpoint.every=1"])
+    clean = tmp_path / "clean"
+    run_experiment(cfg, clean, progress=False)
+
+    real = MetricsFile.on_round_end
+
+    def fails_at_round_2(self, row):
+        if row["round"] == 2:
+            raise RuntimeError("stopped before the row of round 2")
+        real(self, row)
+
+    monkeypatch.setattr(MetricsFile, "on_round_end", fails_at_round_2)
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="stopped before the row"):
+        run_experiment(cfg, out, progress=False)
+    assert len(_rows(out)) == 1
+    monkeypatch.setattr(MetricsFile, "on_round_end", real)
+    run_experiment(cfg, out, progress=False, resume=True)
+    assert [_released(r) for r in _rows(out)] == [_released(r) for r in _rows(clean)]
