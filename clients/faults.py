@@ -72,7 +72,8 @@ def make_fault_mod(faults: dict[int, str], rounds: set[int] | None = None) -> Ca
         if kind is None or msg.metadata.message_type != "train":
             return call_next(msg, context)
         # the message carries the 0-based round index t; rounds are counted as metrics rows count them
-        if rounds is not None and msg.content.config_records[protocol.CONFIG]["round"] + 1 not in rounds:
+        t = msg.content.config_records[protocol.CONFIG]["round"]
+        if rounds is not None and not (isinstance(t, int) and t + 1 in rounds):
             return call_next(msg, context)
         if kind == "error":
             raise RuntimeError("injected client fault")
