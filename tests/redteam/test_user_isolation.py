@@ -92,6 +92,13 @@ def test_a_clipped_float64_update_stays_within_c_once_cast_to_the_float32_worker
             assert _norm64(sent[i].to(torch.float32)) <= c
             # still a clip: the norm is c up to the margin, not some smaller vector
             assert _norm64(alone) >= c * (1 - 1e-6)
+        # just below c in float64: not clipped by float64's rule, yet the cast can round it above c
+        below = rows * torch.tensor([c * (1 - 1e-12) / _norm64(r) for r in rows], dtype=torch.float64).unsqueeze(1)
+        sent, _, _ = isolated_clip_rows(below, c)
+        for i in range(below.shape[0]):
+            alone, norm, ok = isolated_clip(below[i], c)
+            assert ok and norm <= c
+            assert _norm64(alone.to(torch.float32)) <= c and _norm64(sent[i].to(torch.float32)) <= c
 
 
 def _norm64(v: torch.Tensor) -> float:
