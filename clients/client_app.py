@@ -131,14 +131,15 @@ def train(msg: Message, context: Context) -> Message:
         {
             "num_users": len(users),
             "user_ids": users,
-            "user_loss": [float(r.loss) for r in results],
-            "user_examples": [int(r.num_examples) for r in results],
             "num_clipped": int(sum(r.clipped for r in results)),
             # isolation: users that contributed zero because their training raised / was not finite
             "failed_users": int(sum(r.failed for r in results)),
             "nonfinite_users": int(sum(r.nonfinite for r in results)),
         }
     )
+    if task.silo_statistics:  # the loss and the examples taken are not covered by any DP noise
+        metrics["user_loss"] = [float(r.loss) for r in results]
+        metrics["user_examples"] = [int(r.num_examples) for r in results]
     content = RecordDict(
         {
             protocol.ARRAYS: ArrayRecord({protocol.UPDATE_SUM: Array(total.numpy()), **arrays}),
@@ -153,6 +154,11 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     cfg = records.config(msg, protocol.CONFIG)
     task, data, model = _worker(str(cfg["task"]), context.node_config)
+    if not task.silo_statistics:
+        raise PermissionError(
+            "this task withholds statistics of the silos' records (privacy.silo_statistics = 'withhold'): "
+            "no evaluation on them"
+        )
     users = records.need_ints(cfg["user_ids"], "user_ids")
     sums = evaluate_users(model, _params(msg), data, users, records.need_int(cfg["max_examples"], "max_examples"))
     metrics = MetricRecord({k: float(v) for k, v in sums.items()})

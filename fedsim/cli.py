@@ -151,7 +151,7 @@ def privacy(
         eps = report["epsilon"]
         typer.echo(
             f"{report['mechanism']} noise, {report['scheme']} sampling (q = {report['sampling_rate']:.4g}), "
-            f"N = {population}, {report['rounds']} rounds, z = {report['noise_multiplier']:.4g}: "
+            f"N = {report['population']}, {report['rounds']} rounds, z = {report['noise_multiplier']:.4g}: "
             f"ε = {format_epsilon(eps, 4)} at δ = {format_delta(report['delta'])} "
             f"for {_relation(report['neighboring_relation'])} ({report['accountant']} accountant, "
             f"{report['neighboring_relation']} adjacency, K̄ = {report['cohort_size']:.4g})"

@@ -210,6 +210,19 @@ class PrivacyCommon(_Section):
     allow_no_guarantee : run a configuration that has no finite ε (today: server-side error
         feedback, ``client.error_feedback = "server"``) as a non-private research mode; every
         output then says ε = ∞. Default False (such configurations are refused).
+    population : ``N``, the public population size the guarantee is stated for, fixed in the
+        config instead of read from the data: ``q = K̄/N``, the keyed groups and buckets, the
+        expected cohort of ``epochs``/``min_sep`` and the default δ use it, so adding or removing
+        one user changes none of them. The data must hold at most ``N`` users (exactly ``N``
+        for ``sampling.scheme = 'fixed'`` and ``sampling.assignment = 'shuffle'``, whose
+        neighbouring relation keeps the count), checked before anything runs. Default unset:
+        ``N`` is the number of users in the data (or in a deployment's census).
+    silo_statistics : ``unit = "example"``: whether silos send the server statistics of their
+        records that no DP-SGD noise covers — the training loss, the number of examples their
+        Poisson batches took, and evaluation on their held-out records. ``withhold`` (the default
+        when unset: the server is outside the silos' trust boundary; replies carry only the
+        DP-SGD update and counts that are functions of it, and no evaluation runs) or ``send``
+        (the server is trusted with them).
     publish_side_statistics : write the statistics computed from users' data outside the DP
         mechanism — realised cohort sizes, accepted/dropped/failed counts, clipped fraction, train
         loss and examples, evaluation on users' held-out data, the majority baseline, examples per
@@ -240,6 +253,8 @@ class PrivacyCommon(_Section):
     delta_reason: str | None = Field(default=None, min_length=1)
     allow_no_guarantee: bool = False
     publish_side_statistics: bool = True
+    population: int | None = Field(default=None, ge=1)
+    silo_statistics: Literal["withhold", "send"] | None = None
 
     @model_validator(mode="after")
     def _noise_multiplier_range(self) -> PrivacyCommon:
@@ -261,6 +276,11 @@ class PrivacyCommon(_Section):
             )
         if self.unit == "user" and self.example_noise_multiplier is not None:
             raise ValueError("privacy.example_noise_multiplier applies only with privacy.unit = 'example'")
+        if self.unit == "user" and self.silo_statistics is not None:
+            raise ValueError(
+                "privacy.silo_statistics applies only with privacy.unit = 'example' (under user-level DP the "
+                "server is trusted with the users' updates); remove it"
+            )
         return self
 
     @model_validator(mode="after")
@@ -605,6 +625,12 @@ class Config(_Section):
     def to_toml(self) -> str:
         """The resolved config as TOML (None values are omitted: they mean 'default')."""
         return tomli_w.dumps(_drop_none(self.model_dump(mode="json")))
+
+    @property
+    def sends_silo_statistics(self) -> bool:
+        """Whether silos send non-private statistics of their records (``privacy.silo_statistics``):
+        always under user-level DP (the server is trusted), only with ``send`` under example-level."""
+        return self.privacy.unit == "user" or self.privacy.silo_statistics == "send"
 
     def validate_population(self, population: int) -> None:
         """Checks that need the population ``N``; raise before the run starts."""

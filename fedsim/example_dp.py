@@ -227,6 +227,16 @@ class SiloLedger:
             self.epsilons[int(s)] = silo_epsilon(self.dp.noise_multiplier, q, steps * k, self.delta)
         return self.max_epsilon
 
+    def count_at_least(self, trainings: dict[int, int]) -> None:
+        """Raise each silo's participations to at least ``trainings[silo]`` (the release log's
+        count, :class:`fedsim.run.releases.ReleaseLog`, which a resume cannot roll back)."""
+        for s, n in trainings.items():
+            k = max(self.participations.get(int(s), 0), int(n))
+            if k and k != self.participations.get(int(s)):
+                self.participations[int(s)] = k
+                steps, q = self.steps_rate[int(s)]
+                self.epsilons[int(s)] = silo_epsilon(self.dp.noise_multiplier, q, steps * k, self.delta)
+
     @property
     def max_epsilon(self) -> float:
         return max(self.epsilons.values(), default=0.0)

@@ -11,8 +11,10 @@ Train reply (node → server):
   ``arrays``  ArrayRecord  ``update_sum``: Σ clip(Δ_i, c) over those users, flat float32;
                            ``residual_sum``: server error feedback only, Σ(Δ_i − clip(Δ_i, c₁))
   ``client_state`` ArrayRecord  client error feedback only: the users' new ``e_<user>``
-  ``metrics`` MetricRecord ``num_users``, ``user_ids``, ``user_loss``,
-                           ``user_examples``, ``num_clipped``
+  ``metrics`` MetricRecord ``num_users``, ``user_ids``, ``num_clipped``, ``failed_users``,
+                           ``nonfinite_users``; ``user_loss`` and ``user_examples`` only
+                           when ``Task.silo_statistics`` (never under example-level DP with
+                           ``privacy.silo_statistics = "withhold"``)
 Evaluate message: ``params``, ``task``, ``user_ids``, ``max_examples``;
 reply ``metrics``: ``loss_sum``/``loss_count``, ``correct``/``count``, ``examples`` and any
 dataset-specific ``<name>_correct``/``<name>_count`` pairs (summed by the server).
@@ -69,6 +71,10 @@ class Task:
     view: str | None = None
     #: ``sim.allocator``: ``tuned`` (the worker calls :func:`fedsim.allocator.tune_allocator`) or ``system``.
     allocator: str = "tuned"
+    #: whether replies may carry statistics of the users' records outside any DP noise (training
+    #: loss, examples taken) and evaluation may run: False under example-level DP unless
+    #: ``privacy.silo_statistics = "send"`` (:attr:`fedsim.config.Config.sends_silo_statistics`).
+    silo_statistics: bool = True
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -94,4 +100,5 @@ class Task:
             bool(d.get("vectorize", False)),
             d.get("view"),
             str(d.get("allocator", "tuned")),
+            bool(d.get("silo_statistics", True)),
         )

@@ -160,6 +160,16 @@ class UserLevelDPStrategy(Strategy):
         ``server.clip_norm`` (server error feedback: ``c₁``); default None (the same).
     owners : deployment's global user → (node id, the node's local index), from the census
         (:func:`census`); default None (simulation: any worker trains any user).
+    silo_statistics : whether the replies carry the users' training loss and examples taken
+        (statistics outside any DP noise); False under example-level DP unless
+        ``privacy.silo_statistics = "send"``. Default True.
+
+    Two hooks, set by the runner after construction (both None by default): ``on_dispatch(round,
+    users)`` is called before a round's train messages are pushed, with the users they ask to
+    train; ``before_publish(row)`` right after a round's noise is added, before its model is sent
+    anywhere (evaluation, the next round, the metrics row), with the round's training row.
+    Example-level DP counts each silo asked to train in the silo ledger at dispatch, before its
+    work can leave the silo, whatever happens to the round afterwards.
     """
 
     def __init__(
@@ -185,6 +195,7 @@ class UserLevelDPStrategy(Strategy):
         client_store: Any = None,
         update_clip: float | None = None,
         owners: dict[int, tuple[int, int]] | None = None,
+        silo_statistics: bool = True,
     ) -> None:
         self.server = server
         self.sampler = sampler
@@ -229,12 +240,19 @@ class UserLevelDPStrategy(Strategy):
         #: deployment: global user → (node id, the node's local index of that user), from the
         #: census (:func:`census`). None in simulation (any worker trains any user).
         self.owners = owners
+        #: whether replies carry the users' training loss and examples (False: example-level DP
+        #: with ``privacy.silo_statistics = "withhold"``; the row then says None for both).
+        self.silo_statistics = bool(silo_statistics)
         self._assigned: dict[int, list[int]] = {}
         self._sent: dict[int, list[int]] = {}
         self._cohort: list[int] = []
         self._eval_assigned: dict[int, list[int]] = {}
         #: (parameters tensor, its version, their ArrayRecord): see :meth:`_params_record`.
         self._params_cache: tuple[torch.Tensor, int, ArrayRecord] | None = None
+        #: called with (round, users asked to train) before the round's train messages are pushed.
+        self.on_dispatch: Callable[[int, list[int]], None] | None = None
+        #: called with the round's training row after its noise, before its model leaves the server.
+        self.before_publish: Callable[[dict[str, Any]], None] | None = None
 
     # ------------------------------------------------------------------ train
     def _params_record(self) -> ArrayRecord:
@@ -360,8 +378,6 @@ class UserLevelDPStrategy(Strategy):
             ):
                 stats.centred += len(ids) / 2.0  # canaries' updates have norm c: they fit
         c_t = self.server.clip_norm
-        if self.server.ledger.silo is not None:  # every silo that was asked to train spent budget
-            self.server.ledger.silo.record([u for users in self._assigned.values() for u in users])
         residual = stats.residual
         if self.ef_mode == "server" and residual is None:
             residual = np.zeros(agg.dim, dtype=np.float32)
@@ -415,7 +431,7 @@ class UserLevelDPStrategy(Strategy):
         controller = self.server.clip_controller
         return {
             "epsilon": eps,
-            "train_loss": float(np.mean(stats.losses)) if stats.losses else None,
+            "train_loss": float(np.mean(stats.losses)) if stats.losses and self.silo_statistics else None,
             "cohort_size": len(self._cohort),
             "accepted_updates": agg.accepted_users,
             "dropped_updates": agg.dropped_users,
@@ -429,7 +445,7 @@ class UserLevelDPStrategy(Strategy):
             "client_evaluations_per_user": self.client_evaluations,
             "example_epsilon_max": None if silo is None else silo.max_epsilon,
             "unclipped_fraction_noisy": None if controller is None else controller.last_fraction,
-            "train_examples": stats.examples,
+            "train_examples": stats.examples if self.silo_statistics else None,
         }
 
     # --------------------------------------------------------------- evaluate
@@ -552,6 +568,15 @@ class UserLevelDPStrategy(Strategy):
             wait = self.pull_interval_min if got else min(2 * wait, self.pull_interval)
             time.sleep(wait)
 
+    def _dispatching(self, server_round: int) -> None:
+        """Before round ``server_round``'s train messages go: record the silos asked to train
+        (example-level DP) and tell ``on_dispatch``."""
+        users = [u for us in self._assigned.values() for u in us]
+        if self.server.ledger.silo is not None:  # every silo asked to train spends budget
+            self.server.ledger.silo.record(users)
+        if self.on_dispatch is not None:
+            self.on_dispatch(server_round, users)
+
     def run(self, grid: Grid) -> None:
         """Run rounds ``server.round .. rounds−1`` (resumes where the server state is). On a stop
         request the round in flight is abandoned before aggregation and the loop returns, with
@@ -566,6 +591,7 @@ class UserLevelDPStrategy(Strategy):
                 return
             arrays = self._params_record()
             messages = list(self.configure_train(server_round, arrays, empty, grid))
+            self._dispatching(server_round)
             self.server.prefetch_noise()  # ξ_t, unless already drawing since the last round's end
             replies = self.exchange(grid, messages)
             if replies is None or self.stopping():  # no aggregation, so no noise and no ε for this round
@@ -577,12 +603,16 @@ class UserLevelDPStrategy(Strategy):
                 # dispatch run, when the workers are idle, rather than while they train
                 self.server.prefetch_noise()
             row: dict[str, Any] = {"round": server_round, **self._last_train, "eval_loss": None, "eval_accuracy": None}
+            if self.before_publish is not None:  # x_t has not left the server yet
+                self.before_publish({**row, "seconds": time.perf_counter() - t0})
             ev_msgs = list(self.configure_evaluate(server_round, self._params_record(), empty, grid))
             if ev_msgs:
                 ev_replies = self.exchange(grid, ev_msgs)  # None on a stop: this round is not evaluated
                 ev = None if ev_replies is None else self.aggregate_evaluate(server_round, ev_replies)
-                if ev is not None:
-                    row.update({k: ev[k] for k in ev if k != "eval_failed_replies"})
+                if ev is not None:  # failed evaluation replies are shown (and make the round irregular)
+                    row.update({k: ev[k] for k in ev if k != "eval_failed_replies" or ev[k]})
+                else:  # no reply counted: every evaluation reply failed (or a stop cut the wait)
+                    row["eval_failed_replies"] = len(ev_msgs)
             row["seconds"] = time.perf_counter() - t0
             if self.on_round_end is not None:
                 self.on_round_end(row, self)

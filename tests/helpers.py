@@ -24,3 +24,27 @@ def text_users(users: int, seed: int):
     rng = np.random.default_rng(seed)
     texts = [rng.integers(0, 30, size=int(n)).astype(np.uint8) for n in rng.choice([26, 31, 40], size=users)]
     return FederatedText([f"u{i}" for i in range(users)], texts, window=10, vocab_size=30)
+
+
+class CrashAfter:
+    """A run callback that fails the run once round ``r``'s row has been published (a crash
+    before the next checkpoint)."""
+
+    def __init__(self, r: int) -> None:
+        self.r = r
+
+    def on_start(self, run, out, resumed):
+        pass
+
+    def on_round_end(self, row):
+        if row["round"] == self.r:
+            raise RuntimeError(f"crash after round {self.r}")
+
+    def on_stop(self, signal_name):
+        pass
+
+    def on_end(self, summary, status):
+        pass
+
+    def close(self):
+        pass

@@ -46,12 +46,35 @@ from fedsim.training import LocalTraining
 SYNTHETIC_ID_PREFIX = "__fedsim_synthetic_user_"
 
 
+def public_population(cfg: Config, observed: int) -> int:
+    """``N`` of the accounting and the sampler: ``privacy.population`` when the config states it
+    (checked against the ``observed`` users: at most ``N``, exactly ``N`` for ``fixed`` sampling
+    and ``shuffle`` assignment), else ``observed``."""
+    n = cfg.privacy.population
+    if n is None:
+        return observed
+    exact = cfg.sampling.scheme == "fixed" or cfg.sampling.assignment == "shuffle"
+    if observed > n or (exact and observed != n):
+        why = (
+            f"sampling.scheme = '{cfg.sampling.scheme}' with assignment '{cfg.sampling.assignment}' needs exactly N"
+            if exact
+            else "the guarantee is stated for populations of at most N users"
+        )
+        raise FedsimError(
+            f"privacy.population = {n}, but the data hold {observed} users ({why}); correct "
+            f"privacy.population, or select the users with data.max_users"
+        )
+    return n
+
+
 def scheme_of(cfg: Config, population: int) -> ParticipationScheme:
-    """The participation scheme ``cfg`` asks for, checked against the run length."""
+    """The participation scheme ``cfg`` asks for, checked against the run length. ``population``
+    is the users the data hold; ``privacy.population``, when set, takes its place
+    (:func:`public_population`)."""
     s = cfg.sampling
     return make_scheme(
         s.scheme,
-        population,
+        public_population(cfg, population),
         s.cohort_size,
         min_sep=s.min_sep,
         max_participations=s.max_participations,
@@ -75,8 +98,10 @@ def note_max_users(cfg: Config, population: int) -> None:
 
 
 def resolve_privacy(cfg: Config, population: int) -> AccountingSpec:
-    """The accounting spec of ``cfg`` for a population of ``population`` users:
-    δ defaulted to ``1/N^1.1`` and ``z`` calibrated when a target ε is given."""
+    """The accounting spec of ``cfg`` for a population of ``population`` users (or
+    ``privacy.population`` when set, :func:`public_population`): δ defaulted to ``1/N^1.1`` and
+    ``z`` calibrated when a target ε is given."""
+    population = public_population(cfg, population)
     cfg.validate_population(population)
     scheme = scheme_of(cfg, population)
     p = cfg.privacy
@@ -182,7 +207,7 @@ def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
         "noise_multiplier": spec.noise_multiplier,
         "rounds": cfg.rounds,
         "sampling_rate": spec.sampling_rate,
-        "population": population,
+        "population": spec.population,
         "mechanism": spec.mechanism,
         "accountant": spec.effective_accountant,
         "scheme": spec.scheme,
@@ -412,6 +437,21 @@ class Run:
         return list(make_trackers(tensorboard=t.tensorboard, mlflow_uri=t.mlflow_uri))
 
     @property
+    def reproducible(self) -> bool:
+        """Whether a re-run of a round from a checkpoint computes the same bits: user-level DP
+        in simulation on CPUs. Not under example-level DP (each silo's DP-SGD is keyed from the
+        OS, per process), in a deployment (the nodes' processes and data are outside the run)
+        or with GPUs (their reductions are not deterministic). Every round of a run that is not
+        reproducible is checkpointed before its model leaves the server
+        (:class:`fedsim.run.callbacks.Checkpointer`)."""
+        return (
+            self.cfg.privacy.unit == "user"
+            and self.deployment is None
+            and self.device.type == "cpu"
+            and not self.task.use_gpu
+        )
+
+    @property
     def owners(self) -> dict[int, tuple[int, int]] | None:
         """Deployment: user → (node, local index); None in simulation."""
         return None if self.deployment is None else self.deployment.owners
@@ -551,13 +591,15 @@ def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any) 
         example_dp=example_dp,
         vectorize=resolve_vectorize(cfg, prep.vectorizable, disk is not None, prep.recurrent, prep.num_params),
         allocator=cfg.sim.allocator,
+        silo_statistics=cfg.sends_silo_statistics,
     )
 
 
 def choose_eval_users(cfg: Config, population: int) -> list[int]:
     """The users whose held-out data is evaluated: none when side statistics are not published
-    (evaluation on users' data is one), ``eval.max_users`` of them (a seeded choice), or all."""
-    if not cfg.privacy.publish_side_statistics:
+    (evaluation on users' data is one) or silos withhold statistics of their records
+    (``privacy.silo_statistics``), ``eval.max_users`` of them (a seeded choice), or all."""
+    if not cfg.privacy.publish_side_statistics or not cfg.sends_silo_statistics:
         return []
     if cfg.eval.max_users is not None and cfg.eval.max_users < population:
         rng = np.random.default_rng(derive_seed(cfg.seed, "eval-users"))
@@ -621,6 +663,12 @@ def build_run(
         from fedsim.error_feedback import SERVER_EF_LABEL
 
         notes.append(SERVER_EF_LABEL)
+    observed = data.population + (0 if synthetic is None else int(synthetic.count))
+    if cfg.privacy.population is not None and observed != cfg.privacy.population:
+        notes.append(
+            f"privacy.population = {cfg.privacy.population} is the N of q, δ and the groups; the data hold "
+            f"{observed} users"
+        )
     ledger, example_dp = _build_ledger(cfg, prep, notes)
     server = _build_server(cfg, prep, noise, key, ledger, device)
     user_ids = list(data.names) + (

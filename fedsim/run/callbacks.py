@@ -28,7 +28,8 @@ from fedsim.checkpoint import save_checkpoint
 from fedsim.errors import FedsimError
 from fedsim.metrics import MetricsWriter, ProgressLine, public_row
 from fedsim.privacy.accounting import RELATION_LABELS
-from fedsim.run.build import Run
+from fedsim.run.build import Run, model_sha256
+from fedsim.run.releases import ReleaseLog
 from fedsim.run.resume import privacy_digest
 
 
@@ -124,14 +125,24 @@ class LedgerFile(RunCallback):
     def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
         if status == "finished":
             self.write()
+        elif status == "failed" and self.run is not None and self.run.ledger.silo is not None:
+            # the silos of a round stopped by too few valid replies trained and replied: the
+            # ledger file says so now, not only at the next checkpoint (a stop is settled by
+            # the Checkpointer)
+            self.write(settle=True)
 
 
 def irregular(row: dict[str, Any]) -> bool:
     """Whether round ``row`` aggregated inputs that a re-run of it might not reproduce: a reply
     was dropped (a timeout, a node's error, a malformed reply), a user's training failed (its data
-    could not be read) or an evaluation reply failed. Everything else about a round (cohort,
-    training, noise) is a function of the checkpoint and the key, so a re-run gives the same row."""
+    could not be read) or an evaluation reply failed. In a reproducible run
+    (:attr:`fedsim.run.build.Run.reproducible`) everything else about a round (cohort, training,
+    noise) is a function of the checkpoint and the key, so a re-run gives the same row."""
     return bool(row.get("dropped_replies") or row.get("failed_users") or row.get("eval_failed_replies"))
+
+
+def _has_evaluation(row: dict[str, Any]) -> bool:
+    return row.get("eval_accuracy") is not None or bool(row.get("eval_failed_replies"))
 
 
 class Checkpointer(RunCallback):
@@ -140,15 +151,22 @@ class Checkpointer(RunCallback):
     on a stop; the ledger file is rewritten with it. :meth:`restore` loads a checkpoint into a
     built run.
 
-    It runs before any callback that publishes the row (``metrics.jsonl``, the progress line,
-    trackers, a sweep's reports). A round's noise is a function of the key and the round, so a
-    crashed run that re-ran a published round from an earlier checkpoint would publish it twice
-    with the same noise; if the round's inputs differed (a reply that timed out the first time
-    arrives the second), the difference of the two releases is the difference of the inputs,
-    noise-free. So an irregular round is checkpointed before its row is published and is never
-    re-run; the other rounds between checkpoints re-run to the rows already published. The
-    checkpoint keeps its round's row, which :meth:`restore` appends to ``metrics.jsonl`` when the
-    run stopped between the checkpoint and the row.
+    A round's noise is a function of the key and the round, so a crashed run that re-ran a
+    released round from an earlier checkpoint would release it twice with the same noise; if the
+    round's inputs differed (a reply that timed out the first time arrives the second; a silo's
+    DP-SGD, keyed from the OS per process, trains afresh), the difference of the two releases is
+    the difference of the inputs, noise-free. So :meth:`before_publish`, called by the strategy
+    after the round's noise and before its model leaves the server (evaluation, the next round's
+    messages, the row), checkpoints the round when a re-run might not reproduce it: an
+    :func:`irregular` round, and every round of a run that is not
+    :attr:`~fedsim.run.build.Run.reproducible` (example-level DP, a deployment, a GPU). Such a
+    round is never re-run. The other rounds between checkpoints re-run to the bits already
+    released: the model's SHA-256 is recorded in the append-only
+    :class:`~fedsim.run.releases.ReleaseLog` before it is sent, and a re-run that differs (a
+    resume with another ``sim.num_workers`` regroups the float32 sums) stops the run before
+    sending it. The checkpoint keeps its round's row, which :meth:`restore` appends to
+    ``metrics.jsonl`` when the run stopped between the checkpoint and the row. The silo ledger
+    is counted at dispatch (:meth:`on_dispatch`) in the same log, which no resume rolls back.
 
     Parameters
     ----------
@@ -165,11 +183,15 @@ class Checkpointer(RunCallback):
         self.out: Path | None = None
         #: the round of the last checkpoint written by this process (None: none yet).
         self.saved: int | None = None
+        self.releases: ReleaseLog | None = None
 
     @staticmethod
     def restore(run: Run, ckpt: dict[str, Any], out: Path) -> None:
-        """Load the checkpoint's state into ``run`` (before :meth:`on_start`)."""
+        """Load the checkpoint's state into ``run`` (before :meth:`on_start`); the silo ledger
+        counts every training in the release log, also those after the checkpoint."""
         run.server.load_state_dict(ckpt["server"])
+        if run.ledger.silo is not None:
+            run.ledger.silo.count_at_least(ReleaseLog(out / "checkpoint").silo_trainings())
         run.ledger.planned_rounds = run.cfg.rounds  # a Gaussian run may have been extended (fedsim.run.resume)
         run.sampler.load_state_dict(ckpt["sampler"])
         if run.client_store is not None:
@@ -190,6 +212,39 @@ class Checkpointer(RunCallback):
 
     def on_start(self, run: Run, out: Path, resumed: bool) -> None:
         self.run, self.out = run, out
+        self.releases = ReleaseLog(out / "checkpoint")
+
+    def on_dispatch(self, r: int, users: list[int]) -> None:
+        """Round ``r`` asks ``users`` to train (called before the messages go): with example-level
+        DP, the silos' trainings are appended to the release log and the ledger file rewritten."""
+        assert self.run is not None and self.releases is not None, "on_start comes first"
+        if self.run.ledger.silo is not None:
+            self.releases.record_training(r, users)
+            self.ledger.write(settle=True)
+
+    def before_publish(self, row: dict[str, Any]) -> None:
+        """Round ``row["round"]``'s noise is added and its model is about to leave the server:
+        refuse to send a model that differs from the one already sent for this round, checkpoint
+        the round when a re-run might not reproduce it, and record the model's hash."""
+        run, log = self.run, self.releases
+        assert run is not None and log is not None, "on_start comes first"
+        r = int(row["round"])
+        sha = model_sha256(run.server.params)
+        sent = log.published().get(r)
+        if sent is not None:
+            if sent != sha:
+                raise FedsimError(
+                    f"round {r} re-ran to a different model than the one already sent (SHA-256 {sent[:12]}… "
+                    f"then, {sha[:12]}… now): sending it would release round {r} twice under the same noise, "
+                    f"so the run stops here and nothing of it is sent. A resume re-runs the rounds after the "
+                    f"last checkpoint; they reproduce only with the settings they first ran with — restore "
+                    f"sim.num_workers, sim.vectorize, sim.engine and sim.device to those in the checkpoint's "
+                    f"config and resume again, or start a new run"
+                )
+            return
+        if not run.reproducible or irregular(row):
+            self.save(r, row=row)
+        log.record_model(r, sha)
 
     def save(self, r: int, settle: bool = False, row: dict[str, Any] | None = None) -> None:
         """Checkpoint the state after round ``r`` and write the ledger (``settle``: with ε after
@@ -218,6 +273,10 @@ class Checkpointer(RunCallback):
     def on_round_end(self, row: dict[str, Any]) -> None:
         assert self.run is not None
         r = row["round"]
+        if self.saved == r:  # checkpointed before its model left the server
+            if _has_evaluation(row):  # keep the row with its evaluation
+                self.save(r, row=row)
+            return
         if r % self.run.cfg.checkpoint.every == 0 or r == self.run.cfg.rounds or irregular(row):
             self.save(r, row=row)
 

@@ -57,9 +57,18 @@ def forceable(key: str) -> bool:
     return key.startswith(FORCE_PREFIXES) or key in FORCE_KEYS
 
 
+#: Keys added after checkpoints began to carry a digest: left out of it while unset, so that
+#: older checkpoints keep their digest.
+_LATER_KEYS = ("privacy.population", "privacy.silo_statistics")
+
+
 def privacy_digest(cfg: Config) -> str:
     """SHA-256 over the canonical JSON of every key that may not change on resume."""
-    flat = {k: v for k, v in _flat(cfg.model_dump(mode="json")).items() if not forceable(k) and k != "rounds"}
+    flat = {
+        k: v
+        for k, v in _flat(cfg.model_dump(mode="json")).items()
+        if not forceable(k) and k != "rounds" and not (k in _LATER_KEYS and v is None)
+    }
     return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()
 
 

@@ -139,6 +139,9 @@ def _execute_run(
     callbacks = Callbacks(cbs + extra)
     stop = StopRequest(notice=callbacks.on_stop)
     strategy = make_strategy(run, lambda row, _strategy: callbacks.on_round_end(row), stop)
+    checkpointer = next(cb for cb in cbs if isinstance(cb, Checkpointer))
+    strategy.on_dispatch = checkpointer.on_dispatch
+    strategy.before_publish = checkpointer.before_publish
     quiet_flower()
     if progress:
         print_header(run, out)
@@ -203,6 +206,7 @@ def make_strategy(run: Run, on_round_end: Any, stop: StopRequest) -> Any:
         client_store=run.client_store,
         update_clip=run.update_clip,
         owners=run.owners,
+        silo_statistics=cfg.sends_silo_statistics,
     )
 
 
@@ -221,11 +225,27 @@ def print_header(run: Run, out: Path) -> None:
     )
     for note in run.notes:
         print(f"fedsim: {note}", flush=True)
+    if cfg.privacy.unit == "example":
+        print(f"fedsim: {silo_statistics_note(cfg)}", flush=True)
     print(
         f"fedsim: note: {SIDE_STATISTICS_NOTE}"
         if run.publish
         else "fedsim: side statistics are not published (privacy.publish_side_statistics = false); no evaluation runs",
         flush=True,
+    )
+
+
+def silo_statistics_note(cfg: Config) -> str:
+    """What example-level silos send the server besides their DP-SGD update (the header line)."""
+    if cfg.sends_silo_statistics:
+        return (
+            "example-level DP: silos send the server their training loss, the examples their batches took "
+            "and evaluation on their held-out records (privacy.silo_statistics = 'send': the server is trusted "
+            "with them; no DP-SGD noise covers them)"
+        )
+    return (
+        "example-level DP: silos send the server only their DP-SGD update and counts computed from it "
+        "(privacy.silo_statistics = 'withhold'): no training loss, no example counts, no evaluation"
     )
 
 
@@ -275,6 +295,9 @@ def make_summary(run: Run, metrics: MetricsFile, wall_seconds: float) -> dict[st
         "guarantee": "none: epsilon = inf"
         if spec.no_guarantee
         else ("none: no noise" if spec.mechanism == "none" else "user-level (ε, δ)-DP of every released model"),
+        "silo_statistics": None
+        if cfg.privacy.unit != "example"
+        else {"sent_to_server": cfg.sends_silo_statistics, "note": silo_statistics_note(cfg)},
         "side_statistics": {
             "published": run.publish,
             "covered_by_epsilon": False,

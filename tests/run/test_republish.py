@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import CrashAfter
 
 import fedsim.run.callbacks as callbacks_module
 from clients.faults import make_faulty_client_app
 from fedsim.config import load_config
 from fedsim.run import run_experiment
-from fedsim.run.callbacks import MetricsFile, RunCallback
+from fedsim.run.callbacks import MetricsFile
 
 BASE = [
     "data.name='synthetic'",
@@ -45,17 +46,6 @@ def _released(row):
     return {k: v for k, v in row.items() if "seconds" not in k}
 
 
-class _CrashAfter(RunCallback):
-    """Fails the run once round ``r``'s row has been published (a crash before the next checkpoint)."""
-
-    def __init__(self, r: int) -> None:
-        self.r = r
-
-    def on_round_end(self, row):
-        if row["round"] == self.r:
-            raise RuntimeError(f"crash after round {self.r}")
-
-
 def test_a_round_with_a_dropped_reply_is_checkpointed_before_it_is_published_and_never_rerun(tmp_path, monkeypatch):
     saves: list[tuple[int, int]] = []  # (checkpointed round, rows in metrics.jsonl at that moment)
     real_save = callbacks_module.save_checkpoint
@@ -70,7 +60,7 @@ def test_a_round_with_a_dropped_reply_is_checkpointed_before_it_is_published_and
     cfg = load_config(None, BASE + ["rounds=6", "checkpoint.every=1000"])
     faulty = make_faulty_client_app({0: "error"}, rounds={3})
     with pytest.raises(RuntimeError, match="crash after round 4"):
-        run_experiment(cfg, out, progress=False, client_app=faulty, callbacks=[_CrashAfter(4)])
+        run_experiment(cfg, out, progress=False, client_app=faulty, callbacks=[CrashAfter(4)])
     first = _rows(out)
     assert [r["round"] for r in first] == [1, 2, 3, 4]
     assert first[2]["dropped_replies"] == 1 and not any(r["dropped_replies"] for r in first[:2] + first[3:])
