@@ -22,7 +22,7 @@ from flwr.clientapp import ClientApp
 from fedsim import protocol, records
 from fedsim.allocator import tune_allocator
 from fedsim.data import spec_from_json
-from fedsim.deploy.nodes import DATA_ROOT, USER_SHARD, node_data
+from fedsim.deploy.nodes import node_data, node_selection
 from fedsim.models import make_model
 from fedsim.training import evaluate_users, train_users, train_users_ef
 from fedsim.vectorized import train_users_vectorized
@@ -47,9 +47,9 @@ _workers: dict[str, tuple] = {}
 def _worker(task_json: str, node_config: dict | None = None) -> tuple:
     """(task, data, model) for this task, built once per process. With a deployment node
     config (``data-root``, ``user-shard``), ``data`` is this node's users, indexed locally."""
-    # Only the deployment keys select data; Flower's simulation keys (partition-id, …) differ
-    # per virtual node and must not defeat the cache.
-    node_config = {k: v for k, v in (node_config or {}).items() if k in (DATA_ROOT, USER_SHARD)}
+    # Only the keys that select data count; in fedsim's own simulation Flower's partition keys
+    # differ per virtual node, select nothing and must not defeat the cache.
+    node_config = node_selection(node_config or {}, bool(json.loads(task_json).get("deployed", False)))
     key = task_json + json.dumps({k: str(v) for k, v in node_config.items()}, sort_keys=True)
     with _lock:
         if key not in _workers:
@@ -170,7 +170,7 @@ def census(msg: Message, context: Context) -> Message:
     """Deployment: report this node's users (names, train and test sample counts) and the
     model dimensions of its data, for the data spec in the message."""
     spec = spec_from_json(str(records.config(msg, protocol.CONFIG)["data"]))
-    data = node_data(spec, dict(context.node_config))
+    data = node_data(spec, node_selection(dict(context.node_config), deployed=True))
     metrics = MetricRecord(
         {
             "num_train": [int(data.num_train(u)) for u in range(data.population)],

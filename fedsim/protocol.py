@@ -75,6 +75,9 @@ class Task:
     #: loss, examples taken) and evaluation may run: False under example-level DP unless
     #: ``privacy.silo_statistics = "send"`` (:attr:`fedsim.config.Config.sends_silo_statistics`).
     silo_statistics: bool = True
+    #: the run executes on a Deployment Engine: a node selects its users from its node config
+    #: (:func:`fedsim.deploy.nodes.node_selection`), Flower's partition keys included.
+    deployed: bool = False
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -101,4 +104,5 @@ class Task:
             d.get("view"),
             str(d.get("allocator", "tuned")),
             bool(d.get("silo_statistics", True)),
+            bool(d.get("deployed", False)),
         )

@@ -61,7 +61,11 @@ class Screened:
 
 
 def screen_replies(
-    replies: Iterable[Message], assigned: dict[int, list[int]], sent: dict[int, list[int]], server_round: int
+    replies: Iterable[Message],
+    assigned: dict[int, list[int]],
+    sent: dict[int, list[int]],
+    server_round: int,
+    destinations: dict[str, int] | None = None,
 ) -> Screened:
     """Node-level checks of one round's replies, a pure function of its arguments.
 
@@ -70,10 +74,15 @@ def screen_replies(
     (``client_error``), when it answers another round's message (``stale``), or when the user ids
     it reports are not the ones sent to that node (``unexpected_users``); the last three drop the
     node's assigned users. ``assigned``/``sent``: node → global user ids / the ids as sent.
+    ``destinations``: message id → the node it was sent to. An error reply is the node's it
+    answers: Flower answers for an unreachable node with an error reply whose source is the
+    SuperLink itself, which would otherwise count as a stranger's reply and the node as missing.
     """
     out = Screened()
     for msg in replies:
         node = msg.metadata.src_node_id
+        if msg.has_error() and destinations is not None:
+            node = destinations.get(msg.metadata.reply_to_message_id, node)
         users = assigned.get(node)
         if users is None:  # a node this round sent nothing to (its users were not sampled)
             out.drops.append(("unexpected_users", 0))
@@ -249,6 +258,8 @@ class UserLevelDPStrategy(Strategy):
         self._eval_assigned: dict[int, list[int]] = {}
         #: (parameters tensor, its version, their ArrayRecord): see :meth:`_params_record`.
         self._params_cache: tuple[torch.Tensor, int, ArrayRecord] | None = None
+        #: message id → destination node of the last pushed messages (see :func:`screen_replies`).
+        self._destinations: dict[str, int] = {}
         #: called with (round, users asked to train) before the round's train messages are pushed.
         self.on_dispatch: Callable[[int, list[int]], None] | None = None
         #: called with the round's training row after its noise, before its model leaves the server.
@@ -359,7 +370,7 @@ class UserLevelDPStrategy(Strategy):
         (:meth:`DPServer.step`) and record the round's metrics row."""
         agg = self.aggregator
         agg.reset()
-        screened = screen_replies(replies, self._assigned, self._sent, server_round)
+        screened = screen_replies(replies, self._assigned, self._sent, server_round, self._destinations)
         for reason, n_users in screened.drops:
             agg.drop(reason, n_users)
         stats = self._accumulate(screened.valid)
@@ -542,11 +553,14 @@ class UserLevelDPStrategy(Strategy):
         doubling to ``pull_interval`` (starting over after a reply)."""
         if not messages:
             return []
+        self._destinations = {}
         if getattr(grid, "synchronous", False):  # the in-process grid computes replies as it pushes
             got = list(grid.send_and_receive(messages, timeout=self.round_timeout))
             return None if self.stopping() else got
         signal = self.reply_signal
-        pending = set(grid.push_messages(messages))
+        ids = list(grid.push_messages(messages))
+        self._destinations = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages)}
+        pending = set(ids)
         if self.after_push is not None:
             self.after_push()
         deadline = time.monotonic() + self.round_timeout

@@ -9,6 +9,12 @@ which part:
   near-equal shards of the local dataset's users in their stable order. Absent: all of them
   (one node per silo, or each node's folder holds only its own users).
 
+Flower's own convention also works: a node with ``partition-id`` and ``num-partitions`` in its
+node config and no ``data-root`` or ``user-shard`` holds shard ``partition-id/num-partitions``
+of the dataset. Every SuperNode that a *simulation* SuperLink starts (``flwr run`` against
+``flower-superlink --simulation``) has these two keys, so any number of simulated SuperNodes
+splits the users among them.
+
 ``data.max_users`` does not apply on a deployed node: the population is what the nodes hold.
 
 The server's first message (a ``query``, the *census*) asks every node for its users' names
@@ -32,6 +38,20 @@ from fedsim.errors import FedsimError
 
 DATA_ROOT = "data-root"
 USER_SHARD = "user-shard"
+#: Flower's node config keys of a simulated SuperNode (and of Flower's examples' deployments).
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+
+
+def node_selection(node_config: dict[str, Any], deployed: bool) -> dict[str, Any]:
+    """The node config keys that select this node's users: ``data-root`` and ``user-shard``, and,
+    in a deployment without either, Flower's ``partition-id``/``num-partitions`` as the shard
+    ``"partition-id/num-partitions"``. In fedsim's own simulation (``deployed`` False) every
+    worker serves the whole dataset, whatever Flower's partition keys say."""
+    sel = {k: node_config[k] for k in (DATA_ROOT, USER_SHARD) if k in node_config}
+    if deployed and not sel and PARTITION_ID in node_config and NUM_PARTITIONS in node_config:
+        sel[USER_SHARD] = f"{int(node_config[PARTITION_ID])}/{int(node_config[NUM_PARTITIONS])}"
+    return sel
 
 
 def parse_shard(value: str) -> tuple[int, int]:

@@ -559,7 +559,7 @@ def _build_ledger(cfg: Config, prep: Prepared, notes: list[str]) -> tuple[Ledger
     return ledger, example_dp
 
 
-def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any) -> Task:
+def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any, deployed: bool = False) -> Task:
     """What every worker is told: data, model, local training, DiSK, error feedback."""
     ef = cfg.client.error_feedback
     local = LocalTraining(
@@ -592,6 +592,7 @@ def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any) 
         vectorize=resolve_vectorize(cfg, prep.vectorizable, disk is not None, prep.recurrent, prep.num_params),
         allocator=cfg.sim.allocator,
         silo_statistics=cfg.sends_silo_statistics,
+        deployed=deployed,
     )
 
 
@@ -663,6 +664,12 @@ def build_run(
         from fedsim.error_feedback import SERVER_EF_LABEL
 
         notes.append(SERVER_EF_LABEL)
+    if deployment is not None and cfg.data.max_users is not None:
+        resolved.data = resolved.data.model_copy(update={"max_users": None})  # config.toml records what ran
+        notes.append(
+            f"data.max_users = {cfg.data.max_users} does not apply in deployment: the population is the "
+            f"{data.population} users the SuperNodes hold (config.toml records data.max_users unset)"
+        )
     observed = data.population + (0 if synthetic is None else int(synthetic.count))
     if cfg.privacy.population is not None and observed != cfg.privacy.population:
         notes.append(
@@ -675,7 +682,7 @@ def build_run(
         [] if synthetic is None else [f"{SYNTHETIC_ID_PREFIX}{k}" for k in range(int(synthetic.count))]
     )
     sampler = make_sampler(prep.scheme, key.derive("sampling"), user_ids)
-    task = _build_task(cfg, prep, server, example_dp)
+    task = _build_task(cfg, prep, server, example_dp, deployed=deployment is not None)
     if view is not None:
         task = replace(task, view=view.to_json())
     client_store = None

@@ -216,11 +216,12 @@ def print_header(run: Run, out: Path) -> None:
     workers = (
         "SuperNodes" if run.deployment is not None else "Ray workers" if run.engine == "ray" else "in-process workers"
     )
+    n_workers = run.n_workers if run.deployment is None else len({n for n, _ in run.deployment.owners.values()})
     print(
         f"fedsim: {cfg.name}: {run.data.population} users, {prep.num_params:,} parameters, {cfg.rounds} rounds, "
         f"{spec.mechanism} noise z = {spec.noise_multiplier:.4g}, δ = {format_delta(spec.delta)}, ε for "
         f"{RELATION_LABELS[spec.neighboring_relation]} ({spec.scheme} sampling, K̄ = {spec.cohort_size:.4g}), "
-        f"{run.n_workers} {workers} → {out}",
+        f"{n_workers} {workers} → {out}",
         flush=True,
     )
     for note in run.notes:

@@ -186,3 +186,32 @@ def test_the_params_record_is_built_once_per_state_and_never_stale():
     state["params"] = torch.full((D,), 7.0)
     strategy.server.load_state_dict(state)  # a resume: a new tensor
     np.testing.assert_array_equal(_sent_params(strategy), np.full(D, 7.0))
+
+
+def test_an_error_reply_from_the_superlink_is_counted_once_for_the_node_it_answers():
+    """Flower answers for an unreachable node with an error reply whose source is the SuperLink
+    (node id 1). It is the lost node's reply: one ``client_error`` for that node's users, no
+    ``unexpected_users`` and no ``missing``."""
+    from flwr.app import Error
+
+    s = _strategy()
+    assigned = _configure(s, 1)
+    a, b, c = sorted(assigned)
+    md = Metadata(
+        run_id=0,
+        message_id="e1",
+        src_node_id=1,
+        dst_node_id=0,
+        reply_to_message_id="to-c",
+        group_id="train-0",
+        created_at=0.0,
+        ttl=60.0,
+        message_type="train",
+    )
+    lost = Message(Error(code=0, reason="node unavailable"), metadata=md)
+    s._destinations = {"to-a": a, "to-b": b, "to-c": c}
+    good = [_reply(n, assigned[n], _vec(assigned[n]), "train-0") for n in (a, b)]
+    s.aggregate_train(1, good + [lost])
+    row = s._last_train
+    assert {k: v for k, v in row["drop_reasons"].items() if v} == {"client_error": 1}
+    assert row["dropped_replies"] == 1 and row["dropped_updates"] == len(assigned[c])

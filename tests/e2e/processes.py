@@ -1,0 +1,69 @@
+"""Real processes for the end-to-end tests: free ports, and a set of processes stopped as a group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_free(port: int) -> bool:
+    """No process listens on ``port`` (a restarted server could bind it; TIME_WAIT leftovers of
+    closed connections do not count, as for any server that sets SO_REUSEADDR)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+class Processes:
+    """Every process the test starts, each in its own session (so its children go with it)."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env, self.logs, self.procs = env, logs, {}
+
+    def start(self, name: str, cmd: list[str], cwd: Path) -> subprocess.Popen:
+        cwd.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{name}.log", "w")
+        p = subprocess.Popen(cmd, cwd=cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = (p, log)
+        return p
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+    def stop(self, name: str, timeout: float = 30.0) -> None:
+        p, log = self.procs.pop(name)
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            if p.poll() is not None:
+                break
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                p.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # children left in the session (SuperExec, ClientApp/ServerApp processes)
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        log.close()
+
+    def stop_all(self) -> None:
+        for name in [n for n in self.procs if n.startswith("node")] + [
+            n for n in self.procs if not n.startswith("node")
+        ]:
+            self.stop(name)

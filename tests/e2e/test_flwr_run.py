@@ -1,0 +1,103 @@
+"""``flwr run`` as a Flower user runs an app: against a simulation SuperLink started by hand,
+with Flower's default number of simulated SuperNodes (2) and with an explicit
+``options.num-supernodes``.
+
+This door failed 3 of 3 times before (``KeyError: 'fedsim.privacy.mechanisms'``: the ServerApp
+imported fedsim in its own thread while the ClientApp imported it in the main thread), and with
+two simulated SuperNodes every user was held by both (simulated nodes carry no ``user-shard``;
+their ``partition-id`` now selects one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from e2e.processes import Processes, free_port
+from fedsim.privacy.ledger import recompute_epsilon
+
+pytestmark = pytest.mark.deployment
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SET = "rounds=2;eval.max_users=8;eval.max_examples_per_user=4;client.max_examples=16"
+
+
+@pytest.fixture
+def simulation_superlink(tmp_path):
+    home = tmp_path / "flwr_home"
+    home.mkdir()
+    (tmp_path / "logs").mkdir()
+    port = free_port()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{port}"\ninsecure = true\n\n'
+        f'[superlink.sim3]\naddress = "127.0.0.1:{port}"\ninsecure = true\noptions.num-supernodes = 3\n'
+    )
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "OMP_NUM_THREADS": "1",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    procs = Processes(env, tmp_path / "logs")
+    procs.start(
+        "superlink",
+        [
+            str(BIN / "flower-superlink"),
+            "--simulation",
+            "--insecure",
+            "--disable-runtime-dependency-installation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        tmp_path / "link",
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, procs.log("superlink")[-3000:]
+        time.sleep(0.3)
+    try:
+        yield env, tmp_path, procs
+    finally:
+        procs.stop_all()
+
+
+def _flwr(env, *args, timeout=600.0):
+    return subprocess.run(
+        [str(BIN / "flwr"), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize("connection,nodes", [("sim", 2), ("sim3", 3)])
+def test_flwr_run_against_a_simulation_superlink(simulation_superlink, connection, nodes):
+    env, tmp, procs = simulation_superlink
+    out = tmp / f"run-{connection}"
+    run = _flwr(env, "run", str(ROOT), connection, "--stream", "--run-config", f'set="{SET}" out-dir="{out}"')
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-4000:]
+    run_id = re.search(r"Successfully started run (\d+)", log).group(1)
+    info = _flwr(env, "ls", connection, "--run-id", run_id, "--format", "json", timeout=60)
+    assert json.loads(info.stdout)["runs"][0]["status"] == "finished:completed", log[-6000:]
+    assert f"{nodes} SuperNodes" in log  # the header counts the nodes of the census
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2 and summary["population"] == 848  # every user, held once
+    assert summary["engine"] == "deployment"
+    assert summary["epsilon"] == pytest.approx(recompute_epsilon(json.loads((out / "ledger.json").read_text())))
