@@ -26,8 +26,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.client_app import evaluate, train
 from fedsim import protocol
+from fedsim.clients.client_app import evaluate, train
 
 FAULT_KINDS = ("nan", "shape", "huge", "error", "users", "dtype", "noarrays", "slow")
 SLOW_ROUND = 1
@@ -136,7 +136,7 @@ class HostileUsers:
 def make_hostile_user_app(faults: dict[int, str]) -> ClientApp:
     """fedsim's ClientApp whose workers see :class:`HostileUsers` data for ``faults`` (on every
     node): one user's data, not a node, is hostile."""
-    from clients import client_app as ca
+    from fedsim.clients import client_app as ca
 
     def hostile_data_mod(msg: Message, context: Context, call_next: Callable) -> Message:
         if msg.metadata.message_type in ("train", "evaluate"):

@@ -18,9 +18,11 @@ from typing import Annotated, Any
 
 import typer
 
-from fedsim.config import DEFAULT_EXPERIMENT, load_config
 from fedsim.errors import FedsimError
 from fedsim.interrupt import RunInterrupted
+
+# Nothing heavy is imported here (torch, Flower, Ray, the registries): `fedsim --help` and the
+# usage errors answer at once; each command imports what it needs.
 
 app = typer.Typer(
     add_completion=False,
@@ -28,10 +30,37 @@ app = typer.Typer(
     help="fedsim — federated learning with user-level differential privacy on Flower + Ray.",
 )
 
+
+def _show_version(value: bool) -> None:
+    if value:
+        from fedsim import __version__
+
+        typer.echo(f"fedsim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print fedsim's version and exit.", callback=_show_version, is_eager=True),
+    ] = False,
+) -> None:
+    """fedsim — federated learning with user-level differential privacy on Flower + Ray."""
+
+
+def load_config(path: Path | str | None = None, overrides: list[str] | None = None) -> Any:
+    """:func:`fedsim.config.load_config`, imported when a command needs it."""
+    from fedsim.config import load_config as _load
+
+    return _load(path, overrides)
+
+
 ConfigArg = Annotated[
     Path | None,
     typer.Argument(
-        help=f"Experiment TOML (default: {DEFAULT_EXPERIMENT.relative_to(DEFAULT_EXPERIMENT.parent.parent)}).",
+        help="Experiment TOML, or the name of a shipped experiment (`fedsim experiments` lists them; "
+        "default: shakespeare_default).",
         show_default=False,
     ),
 ]
@@ -169,9 +198,15 @@ def privacy(
 
 
 def _load_with_target(config: Path | None, overrides: list[str], target: float):
-    from fedsim.config import apply_overrides, config_from_dict, read_config_file
+    from fedsim.config import (
+        DEFAULT_EXPERIMENT,
+        apply_overrides,
+        config_from_dict,
+        read_config_file,
+        resolve_experiment,
+    )
 
-    raw = read_config_file(Path(config if config is not None else DEFAULT_EXPERIMENT))
+    raw = read_config_file(resolve_experiment(config) if config is not None else DEFAULT_EXPERIMENT)
     raw = apply_overrides(raw, overrides)
     priv = raw.setdefault("privacy", {})
     if not isinstance(priv, dict):
@@ -317,7 +352,25 @@ def _register_factorize() -> None:
     app.command(help=f"{factorize.__doc__}\n\nMechanisms and their options (--<option>):\n\n{listing}")(factorize)
 
 
-_register_factorize()
+def _factorize_listed(ctx: typer.Context) -> None:
+    """Compute a factorization and print its sensitivity and errors (units of (c·z)²)."""
+
+
+def _use_factorize(full: bool) -> None:
+    """Register ``factorize``: with its registry-derived options when it runs (``full``), else a
+    placeholder that lists it in ``fedsim --help`` without importing the mechanisms."""
+    name = "full" if full else "listed"
+    if _factorize_state["registered"] == name or (_factorize_state["registered"] == "full"):
+        return
+    app.registered_commands[:] = [c for c in app.registered_commands if c.name != "factorize"]
+    if full:
+        _register_factorize()
+    else:
+        app.command("factorize", help=_factorize_listed.__doc__)(_factorize_listed)
+    _factorize_state["registered"] = name
+
+
+_factorize_state: dict[str, str | None] = {"registered": None}
 
 
 def _factorize(
@@ -777,6 +830,28 @@ def sweep(
         )
 
 
+@app.command()
+def experiments(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON: name, path and description of each.")] = False,
+) -> None:
+    """List the shipped experiment configs and sweeps; any command's CONFIG takes their names.
+
+    For example `fedsim run shakespeare_banded` or `fedsim sweep sweeps/filter_ablation`, from any
+    folder. To change one, copy it (--json prints each one's path)."""
+    from fedsim.config import experiments_dir, shipped_experiments
+
+    found = shipped_experiments()
+    if as_json:
+        root = experiments_dir()
+        typer.echo(
+            json.dumps([{"name": n, "path": str(root / f"{n}.toml"), "description": d} for n, d in found], indent=1)
+        )
+        return
+    width = max(len(n) for n, _ in found)
+    for name, description in found:
+        typer.echo(f"{name:<{width}}  {description}")
+
+
 deploy_app = typer.Typer(
     no_args_is_help=True, help="Deployment on Flower's Deployment Engine: certificates and SuperNode keys."
 )
@@ -812,6 +887,7 @@ def main(argv: list[str] | None = None) -> None:
     operating system refusing a path or memory the user asked for); anything else is a bug, shown
     with its traceback and a line asking to report it, exit status 1."""
     args = list(sys.argv[1:] if argv is None else argv)
+    _use_factorize(full="factorize" in args[:1])
     # `fedsim data CONFIG …` means `fedsim data describe CONFIG …` (README's `fedsim data [describe] [CONFIG]`)
     if len(args) > 1 and args[0] == "data" and not args[1].startswith("-") and args[1] not in _DATA_COMMANDS:
         args.insert(1, "describe")

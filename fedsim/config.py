@@ -38,7 +38,43 @@ from fedsim.privacy.mechanisms.base import MechanismOptions
 from fedsim.privacy.mechanisms.registry import MECHANISMS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "shakespeare_default.toml"
+
+
+def experiments_dir() -> Path:
+    """The shipped experiment configs: ``fedsim/experiments`` of an installed wheel, else the
+    source tree's ``experiments/``."""
+    inside = Path(__file__).resolve().parent / "experiments"
+    return inside if inside.is_dir() else REPO_ROOT / "experiments"
+
+
+DEFAULT_EXPERIMENT = experiments_dir() / "shakespeare_default.toml"
+
+
+def resolve_experiment(path: str | Path) -> Path:
+    """``path`` when it exists; otherwise a shipped experiment it names — ``shakespeare_default``,
+    ``shakespeare_default.toml``, ``experiments/shakespeare_default.toml`` or
+    ``sweeps/filter_ablation.toml`` all work from any folder (``fedsim experiments`` lists them).
+    A path that is neither is returned as given (the reader then says it is missing)."""
+    p = Path(path)
+    if p.exists() or p.is_absolute():
+        return p
+    parts = p.parts[1:] if p.parts[:1] == ("experiments",) else p.parts
+    if not parts:
+        return p
+    shipped = experiments_dir().joinpath(*parts)
+    if shipped.suffix != ".toml":
+        shipped = shipped.with_name(shipped.name + ".toml")
+    return shipped if shipped.is_file() else p
+
+
+def shipped_experiments() -> list[tuple[str, str]]:
+    """``(name, first line of its comment)`` of every shipped experiment and sweep config."""
+    root = experiments_dir()
+    out = []
+    for f in sorted(root.glob("*.toml")) + sorted(root.glob("sweeps/*.toml")):
+        first = next((ln.lstrip("# ").strip() for ln in f.read_text(encoding="utf-8").splitlines() if ln.strip()), "")
+        out.append((f.relative_to(root).with_suffix("").as_posix(), first))
+    return out
 
 
 class _Section(BaseModel):
@@ -800,7 +836,7 @@ def _drop_foreign_keys(out: dict[str, Any], raw: dict[str, Any], set_keys: set[t
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load a config from TOML (default: the bundled default experiment) and apply
     ``--set`` overrides. Raises :class:`FedsimError` naming every bad key."""
-    p = Path(path) if path is not None else DEFAULT_EXPERIMENT
+    p = resolve_experiment(path) if path is not None else DEFAULT_EXPERIMENT
     raw = read_config_file(p)
     if not raw and path is not None:
         raise FedsimError(
@@ -818,7 +854,10 @@ def read_config_file(p: Path) -> dict[str, Any]:
     try:
         st = p.stat()
     except FileNotFoundError:
-        raise FedsimError(f"config file not found: {p}; pass an existing .toml file") from None
+        raise FedsimError(
+            f"config file not found: {p}; pass an existing .toml file or the name of a shipped experiment "
+            f"(`fedsim experiments` lists them)"
+        ) from None
     except OSError as e:
         raise FedsimError(f"config file {p}: {e.strerror}") from None
     if _stat.S_ISDIR(st.st_mode):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from strategies.user_dp import UserLevelDPStrategy
+from fedsim.strategies.user_dp import UserLevelDPStrategy
 
 
 def make_server_app(strategy: UserLevelDPStrategy) -> ServerApp:

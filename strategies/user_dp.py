@@ -225,11 +225,9 @@ class UserLevelDPStrategy(Strategy):
         self.stop = stop
         #: the round abandoned on a stop request, if any (None: the run ended normally).
         self.abandoned_round: int | None = None
-        #: seconds between two polls of the grid for replies: the wait starts at
-        #: ``pull_interval_min`` after a push or a reply and doubles up to ``pull_interval``, so a
-        #: reply that follows another closely (balanced workers) is collected within milliseconds.
-        self.pull_interval = 0.05
-        self.pull_interval_min = 0.001
+        #: seconds between two polls for replies: from ``pull_interval_min`` after a push or a reply,
+        #: doubling up to ``pull_interval`` (a reply close behind another is collected within ms).
+        self.pull_interval, self.pull_interval_min = 0.05, 0.001
         #: called right after each push (the simulation engine then scans for the messages at
         #: once; :func:`fedsim.run.dispatch.prompt_exchange`); None: nothing to tell.
         self.after_push: Callable[[], None] | None = None
@@ -249,9 +247,7 @@ class UserLevelDPStrategy(Strategy):
         #: deployment: global user → (node id, the node's local index of that user), from the
         #: census (:func:`census`). None in simulation (any worker trains any user).
         self.owners = owners
-        #: whether replies carry the users' training loss and examples (False: example-level DP
-        #: with ``privacy.silo_statistics = "withhold"``; the row then says None for both).
-        self.silo_statistics = bool(silo_statistics)
+        self.silo_statistics = bool(silo_statistics)  # False: the row says None for loss and examples
         self._assigned: dict[int, list[int]] = {}
         self._sent: dict[int, list[int]] = {}
         self._cohort: list[int] = []
@@ -260,9 +256,9 @@ class UserLevelDPStrategy(Strategy):
         self._params_cache: tuple[torch.Tensor, int, ArrayRecord] | None = None
         #: message id → destination node of the last pushed messages (see :func:`screen_replies`).
         self._destinations: dict[str, int] = {}
-        #: called with (round, users asked to train) before the round's train messages are pushed.
+        #: the hooks of the class docstring: (round, users asked to train) before the round's train
+        #: messages are pushed; the round's training row after its noise, before its model leaves.
         self.on_dispatch: Callable[[int, list[int]], None] | None = None
-        #: called with the round's training row after its noise, before its model leaves the server.
         self.before_publish: Callable[[dict[str, Any]], None] | None = None
 
     # ------------------------------------------------------------------ train

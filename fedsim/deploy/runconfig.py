@@ -36,13 +36,21 @@ DEFAULT_CONFIG = "experiments/shakespeare_default.toml"
 
 
 def _resolve(path: str, app_dir: Path | None) -> Path:
+    from fedsim.config import resolve_experiment
+
     p = Path(path)
     if p.is_absolute():
         return p
-    for base in ([app_dir] if app_dir is not None else []) + [Path.cwd(), Path(__file__).resolve().parents[2]]:
+    for base in ([app_dir] if app_dir is not None else []) + [Path.cwd()]:
         if (base / p).is_file():
             return base / p
-    raise FedsimError(f"run config 'config' = {path!r}: no such file (looked in the app folder and {Path.cwd()})")
+    shipped = resolve_experiment(p)
+    if shipped.is_file():
+        return shipped
+    raise FedsimError(
+        f"run config 'config' = {path!r}: no such file (looked in the app folder, {Path.cwd()} and the shipped "
+        f"experiments, which `fedsim experiments` lists)"
+    )
 
 
 def parse_run_config(run_config: dict[str, Any], app_dir: Path | None = None) -> tuple[Config, Path, int, float]:
@@ -80,7 +88,7 @@ def run_deployment(grid: Any, run_config: dict[str, Any], app_dir: Path | None =
     from fedsim.data import spec_to_json
     from fedsim.deploy.nodes import merge_census
     from fedsim.run import run_experiment
-    from strategies.user_dp import census
+    from fedsim.strategies.user_dp import census
 
     cfg, out_dir, min_nodes, timeout = parse_run_config(run_config, app_dir)
     deadline = time.monotonic() + timeout

@@ -18,8 +18,8 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-import fedsim.run  # noqa: F401 - the runner, strategy and data registries, imported before any thread starts
-import strategies.user_dp  # noqa: F401
+import fedsim.run
+import fedsim.strategies.user_dp  # noqa: F401
 from fedsim.deploy.runconfig import run_deployment
 
 app = ServerApp()

@@ -620,6 +620,27 @@ def _population(cfg: Config, deployment: Deployment | None, view: AuditView | No
     return view.apply(loaded)
 
 
+def _run_notes(cfg: Config, observed: int, deployment: Deployment | None) -> list[str]:
+    """The caveats printed in the header and kept with every ε of the ledger; ``observed``: the
+    users the data hold (canaries included)."""
+    notes = []
+    if cfg.client.error_feedback == "server":
+        from fedsim.error_feedback import SERVER_EF_LABEL
+
+        notes.append(SERVER_EF_LABEL)
+    if deployment is not None and cfg.data.max_users is not None:
+        notes.append(
+            f"data.max_users = {cfg.data.max_users} does not apply in deployment: the population is the "
+            f"{observed} users the SuperNodes hold (config.toml records data.max_users unset)"
+        )
+    if cfg.privacy.population is not None and observed != cfg.privacy.population:
+        notes.append(
+            f"privacy.population = {cfg.privacy.population} is the N of q, δ and the groups; the data hold "
+            f"{observed} users"
+        )
+    return notes
+
+
 def build_run(
     cfg: Config,
     *,
@@ -659,23 +680,9 @@ def build_run(
     key = PrivacyKey.from_seed(cfg.seed) if deployment is None else deployment.privacy_key
     noise = make_noise(spec.mechanism, prep.num_params, key.derive("noise"), device, prep.plan)
     ef = cfg.client.error_feedback
-    notes = []
-    if ef == "server":
-        from fedsim.error_feedback import SERVER_EF_LABEL
-
-        notes.append(SERVER_EF_LABEL)
-    if deployment is not None and cfg.data.max_users is not None:
-        resolved.data = resolved.data.model_copy(update={"max_users": None})  # config.toml records what ran
-        notes.append(
-            f"data.max_users = {cfg.data.max_users} does not apply in deployment: the population is the "
-            f"{data.population} users the SuperNodes hold (config.toml records data.max_users unset)"
-        )
-    observed = data.population + (0 if synthetic is None else int(synthetic.count))
-    if cfg.privacy.population is not None and observed != cfg.privacy.population:
-        notes.append(
-            f"privacy.population = {cfg.privacy.population} is the N of q, δ and the groups; the data hold "
-            f"{observed} users"
-        )
+    notes = _run_notes(cfg, data.population + (0 if synthetic is None else int(synthetic.count)), deployment)
+    if deployment is not None:  # config.toml records what ran (data.max_users does not apply)
+        resolved.data = resolved.data.model_copy(update={"max_users": None})
     ledger, example_dp = _build_ledger(cfg, prep, notes)
     server = _build_server(cfg, prep, noise, key, ledger, device)
     user_ids = list(data.names) + (

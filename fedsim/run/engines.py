@@ -90,7 +90,9 @@ def execute(run: Run, strategy: Any, client_app: Any, stop: StopRequest, resume_
     """Run the strategy's rounds on the engine, with the stop signals handled
     (:mod:`fedsim.interrupt`); on a stop, every process this run started is gone on return."""
     if client_app is None:
-        from clients.client_app import app as client_app
+        from fedsim.clients import client_app as default_client
+
+        client_app = default_client.app
     if run.cfg.sim.allocator == "tuned":  # the server's aggregation reuses its buffers too
         tune_allocator()
     deployment = run.deployment
@@ -115,7 +117,7 @@ def execute(run: Run, strategy: Any, client_app: Any, stop: StopRequest, resume_
                 from flwr.simulation import run_simulation
 
                 from fedsim.run.dispatch import prompt_exchange
-                from strategies.server_app import make_server_app
+                from fedsim.strategies.server_app import make_server_app
 
                 with prompt_exchange(strategy):
                     run_simulation(

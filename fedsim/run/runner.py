@@ -182,7 +182,7 @@ def _execute_run(
 
 def make_strategy(run: Run, on_round_end: Any, stop: StopRequest) -> Any:
     """The Flower strategy of ``run``, with every setting given at construction."""
-    from strategies.user_dp import UserLevelDPStrategy
+    from fedsim.strategies.user_dp import UserLevelDPStrategy
 
     cfg = run.cfg
     return UserLevelDPStrategy(

@@ -64,7 +64,7 @@ def test_census_orders_users_by_name_and_refuses_a_user_on_two_nodes():
 
 
 def test_strategy_routes_each_user_to_its_owner_with_local_indices():
-    from strategies.user_dp import UserLevelDPStrategy
+    from fedsim.strategies.user_dp import UserLevelDPStrategy
 
     s = UserLevelDPStrategy.__new__(UserLevelDPStrategy)
     s.owners = {0: (3, 0), 1: (7, 0), 2: (3, 1), 3: (7, 1), 4: (3, 2)}

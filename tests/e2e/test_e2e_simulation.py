@@ -102,7 +102,7 @@ def test_run_folder_ledger_and_epsilon(tmp_path):
 def test_hostile_clients_are_dropped_or_reclipped(tmp_path):
     """Six workers: NaN, wrong shape, int dtype, no arrays record, 1e6-norm and honest. With no
     noise and server SGD at lr 1, each round moves the model by at most (accepted users · c)/K̄."""
-    from clients.faults import make_faulty_client_app
+    from fedsim.clients.faults import make_faulty_client_app
     from fedsim.run import run_experiment
 
     cfg = load_config(
@@ -144,7 +144,7 @@ def test_slow_client_past_the_round_timeout_is_counted_missing(tmp_path):
     round, so a loaded machine's healthy worker still makes it): that round completes
     without it (counted as missing), the late reply is never used, the next round has it back,
     and ε is the one dp-accounting gives for the sampled rounds."""
-    from clients.faults import SLOW_ROUND, make_faulty_client_app
+    from fedsim.clients.faults import SLOW_ROUND, make_faulty_client_app
     from fedsim.run import run_experiment
 
     cfg = load_config(
@@ -177,7 +177,7 @@ def test_slow_client_past_the_round_timeout_is_counted_missing(tmp_path):
 def test_client_exceptions_and_wrong_user_claims_are_dropped(tmp_path):
     """An exception inside one node's ClientApp and a reply that claims other users than
     the ones assigned: both dropped and counted; the round completes; ε is unaffected."""
-    from clients.faults import make_faulty_client_app
+    from fedsim.clients.faults import make_faulty_client_app
     from fedsim.run import run_experiment
 
     cfg = load_config(
@@ -211,7 +211,7 @@ def test_client_exceptions_and_wrong_user_claims_are_dropped(tmp_path):
 def test_too_few_valid_replies_stops_the_run_before_noise(tmp_path):
     """Three of four nodes send garbage and sim.min_valid_replies = 2: round 1 fails loudly
     with a FedsimError, nothing is recorded in the ledger, and no round is written."""
-    from clients.faults import make_faulty_client_app
+    from fedsim.clients.faults import make_faulty_client_app
     from fedsim.errors import FedsimError
     from fedsim.run import run_experiment
 

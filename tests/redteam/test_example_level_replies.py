@@ -14,8 +14,8 @@ import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.client_app import evaluate, train
 from fedsim import protocol
+from fedsim.clients.client_app import evaluate, train
 from fedsim.config import load_config
 from fedsim.errors import FedsimError
 from fedsim.run import run_experiment

@@ -26,8 +26,8 @@ import pytest
 from helpers import CrashAfter
 
 import fedsim.example_dp as example_dp_module
-from clients.client_app import evaluate, train
-from clients.faults import make_faulty_client_app
+from fedsim.clients.client_app import evaluate, train
+from fedsim.clients.faults import make_faulty_client_app
 from fedsim.config import load_config
 from fedsim.errors import FedsimError
 from fedsim.example_dp import silo_epsilon

@@ -10,9 +10,9 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
-from clients.faults import HostileUsers, make_hostile_user_app
 from fedsim import protocol
 from fedsim.aggregation import UpdateAggregator
+from fedsim.clients.faults import HostileUsers, make_hostile_user_app
 from fedsim.config import load_config
 from fedsim.data.synthetic import SyntheticClassification
 from fedsim.error_feedback import ClientStateStore
@@ -218,7 +218,7 @@ def _reply(strategy, node, users, residual):
 
 def test_a_residual_sum_that_overflows_float32_is_bad_state():
     from fedsim.run.inprocess import task_identity
-    from strategies.user_dp import UserLevelDPStrategy
+    from fedsim.strategies.user_dp import UserLevelDPStrategy
 
     with task_identity():
         _check_residual(UserLevelDPStrategy)

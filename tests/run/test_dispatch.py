@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from fedsim.run.dispatch import NotifyingState, WakeableEvent, prompt_exchange
-from strategies.user_dp import UserLevelDPStrategy
+from fedsim.strategies.user_dp import UserLevelDPStrategy
 
 
 def test_wakeable_wait_ends_on_a_push_and_reports_the_stop_events_own_state():
@@ -99,7 +99,7 @@ def _strategy(stop_after: int | None = None, grid: FakeGrid | None = None, signa
 
 def test_reply_polling_backs_off_and_starts_over_after_each_reply(monkeypatch):
     waits: list[float] = []
-    monkeypatch.setattr("strategies.user_dp.time.sleep", waits.append)
+    monkeypatch.setattr("fedsim.strategies.user_dp.time.sleep", waits.append)
     grid = FakeGrid(at=[9, 10, 12])
     got = UserLevelDPStrategy.exchange(_strategy(), grid, ["m0", "m1", "m2"])  # type: ignore[arg-type]
     assert sorted(m.metadata.reply_to_message_id for m in got) == ["0", "1", "2"]
@@ -111,7 +111,7 @@ def test_reply_polling_backs_off_and_starts_over_after_each_reply(monkeypatch):
 
 
 def test_reply_polling_still_stops_on_a_stop_request(monkeypatch):
-    monkeypatch.setattr("strategies.user_dp.time.sleep", lambda s: None)
+    monkeypatch.setattr("fedsim.strategies.user_dp.time.sleep", lambda s: None)
     grid = FakeGrid(at=[100, 100])
     assert UserLevelDPStrategy.exchange(_strategy(stop_after=3, grid=grid), grid, ["a", "b"]) is None  # type: ignore[arg-type]
     assert grid.pulls == 3
@@ -136,7 +136,7 @@ def test_with_a_reply_signal_the_wait_is_on_the_signal_and_after_push_runs_once(
     def no_sleep(_):
         raise AssertionError("with a reply signal the strategy must not sleep")
 
-    monkeypatch.setattr("strategies.user_dp.time.sleep", no_sleep)
+    monkeypatch.setattr("fedsim.strategies.user_dp.time.sleep", no_sleep)
     grid = FakeGrid(at=[3, 5])
     pushes: list[int] = []
     signal = RecordingSignal()

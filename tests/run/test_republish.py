@@ -16,7 +16,7 @@ import pytest
 from helpers import CrashAfter
 
 import fedsim.run.callbacks as callbacks_module
-from clients.faults import make_faulty_client_app
+from fedsim.clients.faults import make_faulty_client_app
 from fedsim.config import load_config
 from fedsim.run import run_experiment
 from fedsim.run.callbacks import MetricsFile

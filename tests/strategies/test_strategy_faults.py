@@ -22,7 +22,7 @@ from fedsim.privacy.noise import zero_noise
 from fedsim.privacy.participation import make_scheme
 from fedsim.sampling import make_sampler
 from fedsim.server import DPServer
-from strategies.user_dp import UserLevelDPStrategy
+from fedsim.strategies.user_dp import UserLevelDPStrategy
 
 D, N, K = 6, 12, 6
 
