@@ -142,6 +142,9 @@ def run(
             typer.echo(f"  {k} = {v:.4f}")
     for note in summary.get("notes", []):
         typer.echo(f"note: {note}")
+    folder = summary.get("run_folder")
+    if folder:
+        typer.echo(f"run folder: {folder} (plots and a table: fedsim report {folder})")
 
 
 @app.command()
@@ -634,6 +637,11 @@ def synth(
     for opt, val in (("--users", users), ("--per-user", per_user), ("--vocab", vocab), ("--tags", tags)):
         if not val > 0 or val != val or val == float("inf"):
             raise FedsimError(f"{opt} {val}: must be a positive number")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FedsimError(
+            f"--out {out} {'is not a folder' if not out.is_dir() else 'is not empty'}: `fedsim data synth` writes "
+            f"a whole dataset folder; give a new or empty folder"
+        )
     from fedsim.data.stackoverflow.synthetic import generate
 
     generate(out, users=users, per_user=per_user, vocab=vocab, tags=tags, seed=seed)
@@ -697,6 +705,10 @@ def audit(
     """
     _offline_env()
     attacks = tuple(attack or ["gradient"])
+    allowed = ("gradient", "canary", "user-inference")
+    bad = [a for a in attacks if a not in allowed]
+    if bad:
+        raise FedsimError(f"--attack {', '.join(bad)}: allowed are {', '.join(allowed)} (default gradient)")
     cfg = load_config(config, set_ or [])
     if "gradient" not in attacks:
         opts = _text_audit_options(attacks, canaries, repetitions, secret_length, canary_size, references, held_out)
@@ -796,6 +808,14 @@ def sweep(
             "part of their name (e.g. 'seed=0' or 'blt,seed=0'; 'seed=1' does not match 'seed=10')."
         ),
     ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override a config key in every trial, after the spec's own set (e.g. --set rounds=2 for a "
+            "smoke run). Repeatable; a resume needs the same ones.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print sweep.json.")] = False,
 ) -> None:
     """Run a sweep on Ray Tune: a base config × named arms × a grid of overrides × seeds.
@@ -813,8 +833,15 @@ def sweep(
     if resume is not None and out is not None:
         raise FedsimError("--resume DIR finishes the sweep in DIR; drop --out")
 
+    from fedsim.config import resolve_experiment
+
     result = run_sweep(
-        spec, resume if resume is not None else out, address=address, resume=resume is not None, only=only
+        resolve_experiment(spec),
+        resume if resume is not None else out,
+        address=address,
+        resume=resume is not None,
+        only=only,
+        overrides=set_ or [],
     )
     if as_json:
         typer.echo(json.dumps(json_safe(result)))

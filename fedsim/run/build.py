@@ -191,7 +191,7 @@ def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
     so no ε is printed for a setup that a run would refuse."""
     spec = resolve_privacy(cfg, population)
     scheme = scheme_of(cfg, population)
-    mf_plan(cfg, spec, scheme)
+    plan = mf_plan(cfg, spec, scheme)
     eps = epsilon(spec, cfg.rounds)
     _, split = resolve_clipping(cfg, spec, scheme)
     notes = []
@@ -214,7 +214,10 @@ def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
         "cohort_size": spec.cohort_size,
         "neighboring_relation": spec.neighboring_relation,
         "assignment": spec.assignment,
-        "sensitivity_in_c": spec.sensitivity_in_c,
+        # one user's contribution to the noised sum, in units of c: the factorization's sens(C)
+        # for MF noise, 1 (add/remove) or 2 (replace one) for independent noise
+        "sensitivity_in_c": spec.sensitivity_in_c if plan is None else plan.sens,
+        "sensitivity_exact": True if plan is None else plan.sens_exact,
     }
 
 

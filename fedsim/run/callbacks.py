@@ -305,9 +305,10 @@ class Progress(RunCallback):
 
     def on_start(self, run: Run, out: Path, resumed: bool) -> None:
         self.publish = run.publish
-        self.line = ProgressLine(
-            run.cfg.rounds, enabled=self.enabled, relation=RELATION_LABELS[run.spec.neighboring_relation]
-        )
+        relation = RELATION_LABELS[run.spec.neighboring_relation]
+        if run.spec.is_mf and not run.spec.amplified:  # one Gaussian mechanism over all rounds
+            relation = f"{relation}; MF noise: the whole run's ε from round 1"
+        self.line = ProgressLine(run.cfg.rounds, enabled=self.enabled, relation=relation)
 
     def on_round_end(self, row: dict[str, Any]) -> None:
         assert self.line is not None

@@ -77,9 +77,19 @@ def check_resume(stored: Config, requested: Config, force: list[str], source: st
     allowed by :data:`RESUME_RULES` and named in ``force``. ``source`` names where the requested
     values came from (for the message)."""
     a, b = _flat(stored.model_dump(mode="json")), _flat(requested.model_dump(mode="json"))
+    for key in force:
+        if key != "rounds" and not forceable(key):
+            raise FedsimError(f"--force {key}: that key may not change on resume ({RESUME_RULES})")
+        if key not in a.keys() | b.keys():
+            raise FedsimError(
+                f"--force {key}: there is no such config key; name a key as --set writes it (sim.num_workers)"
+            )
     changed = sorted(
         k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not (k == "privacy.delta" and b.get(k) is None)
     )
+    # keys that can never change first: suggesting --force for a key that can would only lead to
+    # the next refusal
+    changed.sort(key=lambda k: k == "rounds" or forceable(k))
     for key in changed:
         was, now = a.get(key), b.get(key)
         if key == "rounds":
@@ -111,9 +121,16 @@ def load_stored_config(folder: Path) -> tuple[dict[str, Any], Config]:
 
     ckpt_dir = folder / "checkpoint"
     if not (ckpt_dir / "checkpoint.pt").exists():
+        metrics = folder / "metrics.jsonl"
+        rows = len(metrics.read_text(encoding="utf-8").splitlines()) if metrics.exists() else 0
+        ran = (
+            f"{rows} round(s) ran but none was checkpointed (see checkpoint.every)"
+            if rows
+            else "no round completed, so there is no checkpoint"
+        )
         raise FedsimError(
-            f"--resume {folder}: there is no checkpoint yet (no round completed); start the run again "
-            f"with `fedsim run ... --out {folder}` after removing the folder, or choose another --out"
+            f"--resume {folder}: {ran}; it cannot be resumed. Remove the folder and start the run again "
+            f"(`fedsim run CONFIG --out {folder}`), or start it in another --out"
         )
     ckpt = load_checkpoint(ckpt_dir)
     if "spec" not in ckpt or "config" not in ckpt:

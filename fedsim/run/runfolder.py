@@ -6,7 +6,7 @@ loaded or any noise calibrated. :class:`RunFolderLock` is an OS lock (``fcntl.fl
 ``DIR/.fedsim.lock`` held for the whole life of a run, a resume or an audit; the lock file holds
 the holder's PID, so a second process on the same folder is refused immediately with that PID
 instead of interleaving ``metrics.jsonl``. The OS releases the lock when the holder exits, even
-after ``kill -9``.
+after ``kill -9``; a holder that ends normally also removes the file.
 """
 
 from __future__ import annotations
@@ -56,6 +56,24 @@ class RunFolderLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunFolderLock:
+        for _ in range(100):  # a holder may unlink the file between our open and our lock: open again
+            fd = self._lock_once()
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        else:
+            raise FedsimError(f"run folder {self.path.parent}: its lock file keeps changing; is another run starting?")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def _lock_once(self) -> int:
+        """Open and lock the lock file (refused at once when another process holds it)."""
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as e:
@@ -74,15 +92,13 @@ class RunFolderLock:
                     f"wait for it to finish, or choose another --out"
                 ) from None
             raise FedsimError(f"run folder {self.path.parent}: cannot lock it ({e.strerror})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-        return self
+        return fd
 
     def release(self) -> None:
+        """Remove the lock file and release the lock (a finished run leaves no lock file)."""
         if self._fd is not None:
             try:
-                os.ftruncate(self._fd, 0)
+                self.path.unlink(missing_ok=True)  # while still holding it: see acquire
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             finally:
                 os.close(self._fd)

@@ -89,13 +89,44 @@ def run_experiment(
     The run folder is checked and locked (:mod:`fedsim.run.runfolder`) before any data is
     loaded; a second process on the same folder is refused with the holder's PID.
     """
-    from fedsim.run.runfolder import RunFolderLock, prepare_out_dir
+    from fedsim.run.runfolder import prepare_out_dir
 
     t_start = time.perf_counter()
-    out = prepare_out_dir(Path(out_dir) if out_dir is not None else default_run_dir(cfg))
+    wanted = Path(out_dir) if out_dir is not None else default_run_dir(cfg)
+    fresh = not wanted.exists()
+    out = prepare_out_dir(wanted)
+    try:
+        return _locked_run(
+            cfg, out, t_start, progress, client_app, resume, synthetic, deployment, callbacks or [], view
+        )
+    finally:
+        if fresh and out.is_dir() and not any(out.iterdir()):  # a start that failed before writing anything
+            out.rmdir()
+
+
+def _locked_run(
+    cfg: Config,
+    out: Path,
+    t_start: float,
+    progress: bool,
+    client_app: Any,
+    resume: bool,
+    synthetic: SyntheticUsers | None,
+    deployment: Deployment | None,
+    callbacks: list[RunCallback],
+    view: AuditView | None,
+) -> dict[str, Any]:
+    """:func:`run_experiment` inside the locked run folder ``out``."""
+    from fedsim.run.runfolder import RunFolderLock
+
     with RunFolderLock(out):
         if not resume and (out / "metrics.jsonl").exists():
-            raise FedsimError(f"run folder {out} already holds a run; choose another --out or --resume it")
+            hint = (
+                f"--resume it (fedsim run --resume {out})"
+                if (out / "checkpoint" / "checkpoint.pt").exists()
+                else "remove it first (it has no checkpoint to resume from)"
+            )
+            raise FedsimError(f"run folder {out} already holds a run; choose another --out, or {hint}")
         ckpt: dict[str, Any] = {}
         resumed_spec = None
         if resume:
@@ -113,7 +144,7 @@ def run_experiment(
             # A finished run extended with more rounds is no longer finished: its summary (the
             # old ε, rounds and model) would outlive a stop or failure of the extension.
             (out / "summary.json").unlink(missing_ok=True)
-        return _execute_run(run, out, t_start, progress, client_app, resume, callbacks or [])
+        return _execute_run(run, out, t_start, progress, client_app, resume, callbacks)
 
 
 def _standard_callbacks(
@@ -168,6 +199,7 @@ def _execute_run(
             )
         run.server.write_trace(out / "filter_trace.npz")
         summary = make_summary(run, metrics, time.perf_counter() - t_start)
+        summary["run_folder"] = str(out)
         (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
         status = "finished"
         callbacks.on_end(summary, status)

@@ -39,6 +39,7 @@ named; trials that did not finish are listed as ``missing``.
 from __future__ import annotations
 
 import csv
+import difflib
 import itertools
 import json
 import math
@@ -49,7 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedsim.config import apply_overrides, config_from_dict, parse_override, read_config_file
 from fedsim.errors import FedsimError
@@ -110,6 +111,19 @@ class Search(BaseModel):
     space: dict[str, dict[Literal["loguniform", "uniform", "choice"], list[Any]]]
 
 
+#: What ``sweep.metric`` may name: the numbers of a trial's ``summary.json``.
+SWEEP_METRICS = (
+    "final_eval_accuracy",
+    "majority_baseline_accuracy",
+    "epsilon",
+    "example_epsilon_max",
+    "noise_multiplier",
+    "update_noise_multiplier",
+    "final_clip_norm",
+    "wall_seconds",
+)
+
+
 class SweepSpec(BaseModel):
     """The ``[sweep]`` table (see the module docstring)."""
 
@@ -127,9 +141,22 @@ class SweepSpec(BaseModel):
     search: Search | None = None
     private_selection: PrivateSelection | None = None
 
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, v: str) -> str:
+        if v not in SWEEP_METRICS:
+            close = difflib.get_close_matches(v, SWEEP_METRICS, n=1)
+            raise ValueError(
+                f"{v!r} is not a number of a run's summary.json"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; allowed are {', '.join(SWEEP_METRICS)}"
+            )
+        return v
 
-def load_spec(path: str | Path) -> tuple[SweepSpec, Path | None]:
-    """The sweep spec in ``path`` and its base config's path (resolved against the spec's folder)."""
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> tuple[SweepSpec, Path | None]:
+    """The sweep spec in ``path`` and its base config's path (resolved against the spec's folder).
+    ``overrides`` (``fedsim sweep --set``) are appended to the spec's ``set``."""
     p = Path(path)
     raw = read_config_file(p)
     if "sweep" not in raw or not isinstance(raw["sweep"], dict) or set(raw) != {"sweep"}:
@@ -139,6 +166,8 @@ def load_spec(path: str | Path) -> tuple[SweepSpec, Path | None]:
     except ValidationError as e:
         problems = "; ".join(f"sweep.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise FedsimError(f"sweep spec {p}: {problems}") from None
+    if overrides:
+        spec = spec.model_copy(update={"set": [*spec.set, *overrides]})
     from fedsim.config import DEFAULT_EXPERIMENT
 
     base = DEFAULT_EXPERIMENT if spec.config is None else (p.parent / spec.config).resolve()
@@ -368,8 +397,37 @@ def _tuner(spec: SweepSpec, raw: dict[str, Any], out: Path, items: list[dict[str
             reuse_actors=True,
             trial_dirname_creator=lambda trial: trial.trial_id,
         ),
-        run_config=tune.RunConfig(name=spec.name, storage_path=str(storage), verbose=0),
+        run_config=tune.RunConfig(
+            name=spec.name, storage_path=str(storage), verbose=0, callbacks=[_progress_callback(spec, len(items))]
+        ),
     )
+
+
+def _progress_callback(spec: SweepSpec, planned: int) -> Any:
+    """A Tune callback printing one line per trial that finishes or fails (Tune's own tables are
+    off): ``sweep: 3/36 done: <trial> final_eval_accuracy = 0.3412``."""
+    import sys
+
+    from ray import tune
+
+    class Progress(tune.Callback):
+        done = 0
+
+        def _line(self, trial: Any, what: str) -> None:
+            self.done += 1
+            item = trial.config.get("trial") or {}
+            name = item.get("name", trial.trial_id) if isinstance(item, dict) else trial.trial_id
+            total = planned if spec.search is None else spec.search.num_samples
+            print(f"sweep: {self.done}/{total} {what}: {name}", file=sys.stderr, flush=True)
+
+        def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+            value = (trial.last_result or {}).get(spec.metric)
+            self._line(trial, f"done ({spec.metric} = {value:.4g})" if isinstance(value, float) else "done")
+
+        def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+            self._line(trial, "FAILED")
+
+    return Progress()
 
 
 def _search_space(search: Search) -> dict[str, Any]:
@@ -761,6 +819,7 @@ def run_sweep(
     address: str | None = None,
     resume: bool = False,
     only: str | None = None,
+    overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the sweep of ``spec_path`` on Ray Tune and write its outputs.
 
@@ -773,6 +832,8 @@ def run_sweep(
     only : run only the grid's trials that have each comma-separated part of this text as a whole
         part of their name (e.g. ``blt`` for an arm, ``seed=0``, or ``blt,seed=0``; ``seed=1`` does
         not match ``seed=10``).
+    overrides : ``dotted.key=value`` items applied to every trial after the spec's ``set`` (a
+        smoke run: ``rounds=2``); part of the plan, so a resume must pass the same ones.
 
     Returns the dict written to ``sweep.json``: besides the trials, the arm table and the
     selection, ``missing`` (trials that did not finish: not run yet, or failed, for a grid and a
@@ -780,7 +841,7 @@ def run_sweep(
     reports as errored) and ``not_as_planned`` (finished trials whose ledger holds another
     accounting spec than the plan gives their arm: left out of the table).
     """
-    spec, base = load_spec(spec_path)
+    spec, base = load_spec(spec_path, overrides)
     raw = read_base(base)
     items = _planned_trials(spec, raw, only)
     privacy = selection_privacy(spec, raw, len(items))
