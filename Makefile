@@ -13,7 +13,15 @@ export HF_DATASETS_OFFLINE := 1
 export OMP_NUM_THREADS ?= 1
 export RAY_DEDUP_LOGS := 0
 
-.PHONY: install run lint test test-slow clean
+.PHONY: install run lint test test-slow clean images
+
+# Deployment images (docker/Dockerfile): the fedsim wheel, and torch's CPU wheel where pip finds
+# one, go into docker/local/wheels/, then one image per role. BASE_IMAGE and TORCH_INDEX_URL are
+# passed on when set (docker/base/build-base.sh builds a base without a registry).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+BASE_IMAGE ?=
+TORCH_INDEX_URL ?=
+BUILD_ARGS := $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL))
 
 install: $(STAMP)
 
@@ -42,3 +50,11 @@ test-slow: install
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+images: install
+	rm -f docker/local/wheels/fedsim-*.whl
+	$(PIP) wheel --quiet --no-deps --no-build-isolation -w docker/local/wheels .
+	-$(PIP) download --quiet --no-deps --only-binary=:all: --index-url $(or $(TORCH_INDEX_URL),https://download.pytorch.org/whl/cpu) -d docker/local/wheels $(TORCH)
+	for role in superlink supernode superexec; do \
+	  docker build -f docker/Dockerfile --target $$role $(BUILD_ARGS) -t fedsim-$$role:$(VERSION) . || exit 1; \
+	done

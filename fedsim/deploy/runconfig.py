@@ -11,6 +11,12 @@ overridable with ``flwr run --run-config``). fedsim reads these keys:
   directory of the ServerApp process; give an absolute path in production).
 - ``min-nodes`` — wait until this many SuperNodes are connected before the census. Default 1.
 - ``census-timeout`` — seconds to wait for every node's census answer. Default 600.
+- ``resume`` — ``true``: continue the run in ``out-dir`` from its checkpoint, on this Deployment
+  Engine (after a SuperLink crash, say). The folder's ``config.toml`` is the config (``config``
+  is not read; ``set`` may change only what ``fedsim run --resume`` lets change, named in
+  ``force``); the census must report the same users. Default false.
+- ``force`` — with ``resume``: ``;``-separated keys that may differ from the checkpoint, as
+  ``fedsim run --resume --force``.
 
 The run folder, ledger and metrics are the same as in simulation. Differences, on purpose:
 the 256-bit key of the noise, the cohort sampler and the clip count's noise comes from the OS
@@ -53,14 +59,36 @@ def _resolve(path: str, app_dir: Path | None) -> Path:
     )
 
 
-def parse_run_config(run_config: dict[str, Any], app_dir: Path | None = None) -> tuple[Config, Path, int, float]:
-    """``(experiment config, run folder, min nodes, census timeout)`` from the run config."""
-    known = {"config", "set", "out-dir", "min-nodes", "census-timeout"}
+def _items(value: Any) -> list[str]:
+    return [item.strip() for item in str(value or "").split(";") if item.strip()]
+
+
+def _resume(run_config: dict[str, Any], overrides: list[str]) -> tuple[bool, Config | None]:
+    """``(resume, the config to resume with)`` from the run config's ``resume``/``force`` keys."""
+    resume = run_config.get("resume", False)
+    if not isinstance(resume, bool):
+        raise FedsimError(f"run config: resume = {resume!r}; give true or false")
+    out = str(run_config.get("out-dir", "")).strip()
+    if not resume:
+        if _items(run_config.get("force")):
+            raise FedsimError("run config: force applies only with resume = true")
+        return False, None
+    if not out:
+        raise FedsimError("run config: resume = true needs out-dir, the folder of the run to continue")
+    from fedsim.run.resume import resume_config
+
+    return True, resume_config(Path(out), None, overrides, _items(run_config.get("force")))
+
+
+def parse_run_config(run_config: dict[str, Any], app_dir: Path | None = None) -> tuple[Config, Path, int, float, bool]:
+    """``(experiment config, run folder, min nodes, census timeout, resume)`` from the run config."""
+    known = {"config", "set", "out-dir", "min-nodes", "census-timeout", "resume", "force"}
     unknown = sorted(set(run_config) - known)
     if unknown:
         raise FedsimError(f"run config: unknown key(s) {unknown}; allowed are {sorted(known)}")
-    overrides = [item.strip() for item in str(run_config.get("set", "")).split(";") if item.strip()]
-    cfg = load_config(_resolve(str(run_config.get("config", DEFAULT_CONFIG)), app_dir), overrides)
+    overrides = _items(run_config.get("set"))
+    resume, resumed = _resume(run_config, overrides)
+    cfg = resumed or load_config(_resolve(str(run_config.get("config", DEFAULT_CONFIG)), app_dir), overrides)
     if cfg.client.error_feedback == "server":
         raise FedsimError(
             "client.error_feedback = 'server' has no privacy guarantee (ε = ∞) and is refused in "
@@ -80,7 +108,7 @@ def parse_run_config(run_config: dict[str, Any], app_dir: Path | None = None) ->
         raise FedsimError("run config: min-nodes must be an integer and census-timeout a number") from None
     if min_nodes < 1 or timeout <= 0:
         raise FedsimError("run config: min-nodes must be ≥ 1 and census-timeout > 0")
-    return cfg, out_dir, min_nodes, timeout
+    return cfg, out_dir, min_nodes, timeout, resume
 
 
 def run_deployment(grid: Any, run_config: dict[str, Any], app_dir: Path | None = None) -> dict[str, Any]:
@@ -90,7 +118,7 @@ def run_deployment(grid: Any, run_config: dict[str, Any], app_dir: Path | None =
     from fedsim.run import run_experiment
     from fedsim.strategies.user_dp import census
 
-    cfg, out_dir, min_nodes, timeout = parse_run_config(run_config, app_dir)
+    cfg, out_dir, min_nodes, timeout, resume = parse_run_config(run_config, app_dir)
     deadline = time.monotonic() + timeout
     while len(list(grid.get_node_ids())) < min_nodes:
         if time.monotonic() > deadline:
@@ -101,4 +129,4 @@ def run_deployment(grid: Any, run_config: dict[str, Any], app_dir: Path | None =
         time.sleep(0.2)
     data, owners = merge_census(census(grid, spec_to_json(cfg.data), timeout))
     deployment = Deployment(grid, data, owners, min_nodes, PrivacyKey.generate())
-    return run_experiment(cfg, out_dir, progress=True, deployment=deployment)
+    return run_experiment(cfg, out_dir, progress=True, deployment=deployment, resume=resume)

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,19 @@ class LedgerFile(RunCallback):
             # ledger file says so now, not only at the next checkpoint (a stop is settled by
             # the Checkpointer)
             self.write(settle=True)
+
+
+def run_engine(run: Run) -> str:
+    """Where ``run`` executes: ``deployment`` (SuperNodes with their own data) or the simulation
+    engine (``ray``, ``inprocess``); recorded in every checkpoint."""
+    return "deployment" if run.deployment is not None else run.engine
+
+
+def population_sha256(names: Sequence[str]) -> str:
+    """SHA-256 of the users' names in the run's order: a resume must run on the same population."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(map(str, names)).encode()).hexdigest()
 
 
 def irregular(row: dict[str, Any]) -> bool:
@@ -265,6 +279,8 @@ class Checkpointer(RunCallback):
                 "row": row,
                 "wall_seconds": time.perf_counter() - self.t_start,
                 "config": run.resolved.model_dump(mode="json"),
+                "engine": run_engine(run),
+                "population_sha256": population_sha256(run.data.names),
             },
         )
         self.saved = r

@@ -136,6 +136,8 @@ def _locked_run(
             ckpt = load_checkpoint(out / "checkpoint")
             resumed_spec = checkpointed_spec(ckpt, out)
         run = build_run(cfg, resumed_spec=resumed_spec, synthetic=synthetic, deployment=deployment, view=view)
+        if resume:
+            check_resumed_run(run, ckpt, out)
         (out / "config.toml").write_text(run.resolved.to_toml(), encoding="utf-8")
         if resume:
             Checkpointer.restore(run, ckpt, out)
@@ -145,6 +147,31 @@ def _locked_run(
             # old ε, rounds and model) would outlive a stop or failure of the extension.
             (out / "summary.json").unlink(missing_ok=True)
         return _execute_run(run, out, t_start, progress, client_app, resume, callbacks)
+
+
+def check_resumed_run(run: Run, ckpt: dict[str, Any], out: Path) -> None:
+    """Refuse to resume a run on another engine than the one that wrote its checkpoint, or on
+    another population (checkpoints from before these were recorded are not checked)."""
+    from fedsim.run.callbacks import population_sha256, run_engine
+
+    was, now = ckpt.get("engine"), run_engine(run)
+    if was is not None and (was == "deployment") != (now == "deployment"):
+        if was == "deployment":
+            raise FedsimError(
+                f"--resume {out}: this run ran on a Deployment Engine, on the SuperNodes' own data; resuming it in "
+                f"simulation would train its remaining rounds on this machine's copy of the data. Resume it where "
+                f"it ran: flwr run . <connection> --run-config 'resume=true out-dir=\"{out}\"' (README 'Deploy')"
+            )
+        raise FedsimError(
+            f"resume of {out}: this run ran in simulation ({was}); resume it with fedsim run --resume {out}"
+        )
+    digest = ckpt.get("population_sha256")
+    if digest is not None and digest != population_sha256(run.data.names):
+        raise FedsimError(
+            f"resume of {out}: the users are not the ones the run started with ({run.data.population} now); the "
+            f"sampler's and the accountant's population cannot change mid-run. Bring back the same users (every "
+            f"node with its data and shard), or start a new run"
+        )
 
 
 def _standard_callbacks(

@@ -73,10 +73,10 @@ def test_strategy_routes_each_user_to_its_owner_with_local_indices():
 
 
 def test_run_config_reads_fedsim_keys_and_refuses_unknown(tmp_path):
-    cfg, out, nodes, timeout = parse_run_config(
+    cfg, out, nodes, timeout, resume = parse_run_config(
         {"set": "rounds=3; data.max_users=40", "min-nodes": 3, "out-dir": str(tmp_path / "r")}, ROOT
     )
-    assert cfg.rounds == 3 and cfg.data.max_users == 40 and nodes == 3 and out == tmp_path / "r"
+    assert cfg.rounds == 3 and cfg.data.max_users == 40 and nodes == 3 and out == tmp_path / "r" and not resume
     assert cfg.name == "shakespeare_default" and timeout == 600.0
     with pytest.raises(FedsimError, match="unknown key"):
         parse_run_config({"rounds": 3}, ROOT)
@@ -114,3 +114,40 @@ def test_certificates_chain_to_the_ca_and_keys_load_as_flower_reads_them(tmp_pat
     assert len(made["node_public_keys"]) == 2
     with pytest.raises(FedsimError, match="nothing was overwritten"):
         make_all(tmp_path, ["localhost"], nodes=1)
+
+
+def test_resume_in_the_run_config_reads_the_folder_s_checkpointed_config(tmp_path):
+    import json
+
+    from fedsim.run import run_experiment
+
+    out = tmp_path / "r"
+    base = "data.name='synthetic';data.num_clients=12;model.name='logreg';eval.every=0;sim.engine='inprocess'"
+    cfg, *_ = parse_run_config({"set": base + ";sim.num_workers=1;rounds=3;sampling.min_sep=3"}, ROOT)
+    with pytest.raises(FedsimError, match="needs out-dir"):
+        parse_run_config({"resume": True}, ROOT)
+    with pytest.raises(FedsimError, match="force applies only with resume"):
+        parse_run_config({"force": "sim.num_workers"}, ROOT)
+    with pytest.raises(FedsimError, match="cannot be resumed"):
+        parse_run_config({"resume": True, "out-dir": str(out)}, ROOT)
+    run_experiment(cfg, out, progress=False)
+    resumed, folder, _, _, resume = parse_run_config(
+        {"resume": True, "out-dir": str(out), "config": "ignored.toml", "set": "sim.num_workers=2", "force": "sim.num_workers"},
+        ROOT,
+    )  # fmt: skip
+    assert resume and folder == out and resumed.sim.num_workers == 2
+    assert resumed.privacy.model_dump(exclude={"delta"}) == cfg.privacy.model_dump(exclude={"delta"})
+    assert resumed.rounds == 3
+    with pytest.raises(FedsimError, match="differs from the run's checkpoint"):
+        parse_run_config({"resume": True, "out-dir": str(out), "set": "privacy.noise_multiplier=3.0"}, ROOT)
+
+    # a checkpoint written on a Deployment Engine is never resumed in simulation
+    from fedsim.checkpoint import load_checkpoint, save_checkpoint
+
+    ckpt = load_checkpoint(out / "checkpoint")
+    assert ckpt["engine"] == "inprocess" and len(ckpt["population_sha256"]) == 64
+    ckpt.update(engine="deployment", metrics_rows=1)
+    save_checkpoint(out / "checkpoint", ckpt)
+    with pytest.raises(FedsimError, match="ran on a Deployment Engine.*resume=true"):
+        run_experiment(resumed, out, progress=False, resume=True)
+    assert json.loads((out / "summary.json").read_text())["rounds_completed"] == 3  # nothing was touched

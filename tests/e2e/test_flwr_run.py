@@ -101,3 +101,64 @@ def test_flwr_run_against_a_simulation_superlink(simulation_superlink, connectio
     assert summary["rounds_completed"] == 2 and summary["population"] == 848  # every user, held once
     assert summary["engine"] == "deployment"
     assert summary["epsilon"] == pytest.approx(recompute_epsilon(json.loads((out / "ledger.json").read_text())))
+
+
+@pytest.mark.slow
+def test_a_deployed_run_resumes_on_the_deployment_engine_after_a_superlink_kill(simulation_superlink):
+    """8 simulated SuperNodes; the SuperLink (and the ServerApp under it) is SIGKILLed once two
+    rounds are published; a new SuperLink and ``flwr run … resume=true`` finish the run there, and
+    the ledger recomputes to the printed ε. A simulation resume of the folder is refused."""
+    env, tmp, procs = simulation_superlink
+    home = Path(env["FLWR_HOME"])
+    port = re.search(r"127\.0\.0\.1:(\d+)", (home / "config.toml").read_text()).group(1)
+    (home / "config.toml").write_text(
+        (home / "config.toml").read_text()
+        + f'\n[superlink.sim8]\naddress = "127.0.0.1:{port}"\ninsecure = true\noptions.num-supernodes = 8\n'
+    )
+    out = tmp / "run-resumed"
+    first = subprocess.Popen(
+        [str(BIN / "flwr"), "run", str(ROOT), "sim8", "--stream", "--run-config",
+         f'set="{SET.replace("rounds=2", "rounds=6")}" out-dir="{out}"'],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 600
+    while not (out / "metrics.jsonl").exists() or len((out / "metrics.jsonl").read_text().splitlines()) < 2:
+        assert time.monotonic() < deadline and first.poll() is None, procs.log("superlink")[-3000:]
+        time.sleep(0.5)
+    procs.stop("superlink", timeout=0.0)  # SIGTERM then SIGKILL to the SuperLink's whole session
+    first.kill()
+    rows_before = len((out / "metrics.jsonl").read_text().splitlines())
+    assert rows_before < 6
+    # a simulation resume of the deployed folder is refused, and touches nothing
+    refused = subprocess.run(
+        [sys.executable, "-m", "fedsim.cli", "run", "--resume", str(out)], env=env, capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "ran on a Deployment Engine" in refused.stderr, refused.stderr
+    procs.start(
+        "superlink",
+        [str(BIN / "flower-superlink"), "--simulation", "--insecure", "--disable-runtime-dependency-installation",
+         "--host", "127.0.0.1", "--port", port],
+        tmp / "link2",
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    run = _flwr(env, "run", str(ROOT), "sim8", "--stream", "--run-config", f'resume=true out-dir="{out}"')
+    log = run.stdout + run.stderr
+    run_id = re.search(r"Successfully started run (\d+)", log).group(1)
+    info = _flwr(env, "ls", "sim8", "--run-id", run_id, "--format", "json", timeout=60)
+    assert json.loads(info.stdout)["runs"][0]["status"] == "finished:completed", log[-6000:]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    summary = json.loads((out / "summary.json").read_text())
+    ledger = json.loads((out / "ledger.json").read_text())
+    assert summary["engine"] == "deployment" and summary["rounds_completed"] == 6
+    assert summary["epsilon"] == pytest.approx(recompute_epsilon(ledger), rel=1e-12)
+    assert [e["round"] for e in ledger["entries"]] == [1, 2, 3, 4, 5, 6]
