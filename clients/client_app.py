@@ -137,7 +137,7 @@ def train(msg: Message, context: Context) -> Message:
             "nonfinite_users": int(sum(r.nonfinite for r in results)),
         }
     )
-    if task.silo_statistics:  # the loss and the examples taken are not covered by any DP noise
+    if task.record_statistics:  # the loss and the examples taken are not covered by any DP noise
         metrics["user_loss"] = [float(r.loss) for r in results]
         metrics["user_examples"] = [int(r.num_examples) for r in results]
     content = RecordDict(
@@ -154,7 +154,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     cfg = records.config(msg, protocol.CONFIG)
     task, data, model = _worker(str(cfg["task"]), context.node_config)
-    if not task.silo_statistics:
+    if not task.record_statistics:
         raise PermissionError(
             "this task withholds statistics of the silos' records (privacy.silo_statistics = 'withhold'): "
             "no evaluation on them"

@@ -35,6 +35,7 @@ def _map_packages_beside() -> None:
         module = importlib.util.module_from_spec(spec)
         sys.modules[full] = module
         spec.loader.exec_module(module)
+        globals()[name] = module  # as an import of the subpackage binds it on the package
 
 
 _map_packages_beside()

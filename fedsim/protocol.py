@@ -13,7 +13,7 @@ Train reply (node → server):
   ``client_state`` ArrayRecord  client error feedback only: the users' new ``e_<user>``
   ``metrics`` MetricRecord ``num_users``, ``user_ids``, ``num_clipped``, ``failed_users``,
                            ``nonfinite_users``; ``user_loss`` and ``user_examples`` only
-                           when ``Task.silo_statistics`` (never under example-level DP with
+                           when ``Task.record_statistics`` (never under example-level DP with
                            ``privacy.silo_statistics = "withhold"``)
 Evaluate message: ``params``, ``task``, ``user_ids``, ``max_examples``;
 reply ``metrics``: ``loss_sum``/``loss_count``, ``correct``/``count``, ``examples`` and any
@@ -74,7 +74,7 @@ class Task:
     #: whether replies may carry statistics of the users' records outside any DP noise (training
     #: loss, examples taken) and evaluation may run: False under example-level DP unless
     #: ``privacy.silo_statistics = "send"`` (:attr:`fedsim.config.Config.sends_silo_statistics`).
-    silo_statistics: bool = True
+    record_statistics: bool = True
     #: the run executes on a Deployment Engine: a node selects its users from its node config
     #: (:func:`fedsim.deploy.nodes.node_selection`), Flower's partition keys included.
     deployed: bool = False
@@ -103,6 +103,6 @@ class Task:
             bool(d.get("vectorize", False)),
             d.get("view"),
             str(d.get("allocator", "tuned")),
-            bool(d.get("silo_statistics", True)),
+            bool(d.get("record_statistics", True)),
             bool(d.get("deployed", False)),
         )

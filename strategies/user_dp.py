@@ -555,7 +555,7 @@ class UserLevelDPStrategy(Strategy):
             return None if self.stopping() else got
         signal = self.reply_signal
         ids = list(grid.push_messages(messages))
-        self._destinations = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages)}
+        self._destinations = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages) if isinstance(m, Message)}
         pending = set(ids)
         if self.after_push is not None:
             self.after_push()

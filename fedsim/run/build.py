@@ -594,7 +594,7 @@ def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any, 
         example_dp=example_dp,
         vectorize=resolve_vectorize(cfg, prep.vectorizable, disk is not None, prep.recurrent, prep.num_params),
         allocator=cfg.sim.allocator,
-        silo_statistics=cfg.sends_silo_statistics,
+        record_statistics=cfg.sends_silo_statistics,
         deployed=deployed,
     )
 

@@ -67,3 +67,21 @@ class Processes:
             n for n in self.procs if not n.startswith("node")
         ]:
             self.stop(name)
+
+
+def kill_by_env(name: str, value: str) -> list[int]:
+    """SIGKILL every process of this user whose environment has ``name=value`` (a run's own
+    FLWR_HOME, say): Flower's SuperExec starts the ServerApp and the simulation in processes that
+    leave the SuperLink's session, so killing the session does not reach them."""
+    wanted = f"{name}={value}".encode()
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+        except (OSError, ProcessLookupError):
+            continue
+    return killed

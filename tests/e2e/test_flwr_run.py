@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.processes import Processes, free_port
+from e2e.processes import Processes, free_port, kill_by_env
 from fedsim.privacy.ledger import recompute_epsilon
 
 pytestmark = pytest.mark.deployment
@@ -78,6 +78,7 @@ def simulation_superlink(tmp_path):
         yield env, tmp_path, procs
     finally:
         procs.stop_all()
+        kill_by_env("FLWR_HOME", str(home))  # the ServerApp and simulation processes leave its session
 
 
 def _flwr(env, *args, timeout=600.0):
@@ -126,6 +127,7 @@ def test_a_deployed_run_resumes_on_the_deployment_engine_after_a_superlink_kill(
         assert time.monotonic() < deadline and first.poll() is None, procs.log("superlink")[-3000:]
         time.sleep(0.5)
     procs.stop("superlink", timeout=0.0)  # SIGTERM then SIGKILL to the SuperLink's whole session
+    assert kill_by_env("FLWR_HOME", str(home))  # and the ServerApp, which runs outside that session
     first.kill()
     rows_before = len((out / "metrics.jsonl").read_text().splitlines())
     assert rows_before < 6
@@ -152,7 +154,9 @@ def test_a_deployed_run_resumes_on_the_deployment_engine_after_a_superlink_kill(
         time.sleep(0.3)
     run = _flwr(env, "run", str(ROOT), "sim8", "--stream", "--run-config", f'resume=true out-dir="{out}"')
     log = run.stdout + run.stderr
-    run_id = re.search(r"Successfully started run (\d+)", log).group(1)
+    started = re.search(r"Successfully started run (\d+)", log)
+    assert started, log[-4000:]
+    run_id = started.group(1)
     info = _flwr(env, "ls", "sim8", "--run-id", run_id, "--format", "json", timeout=60)
     assert json.loads(info.stdout)["runs"][0]["status"] == "finished:completed", log[-6000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -217,6 +217,7 @@ def test_example_level_run_records_both_guarantees(tmp_path):
             "privacy.unit='example'",
             "privacy.example_noise_multiplier=1.0",
             "privacy.example_clip_norm=1.0",
+            "privacy.silo_statistics='send'",  # evaluation on the silos' records (withheld by default)
         ],
     )
     out = tmp_path / "run"
