@@ -145,3 +145,19 @@ def test_help_and_version_answer_without_importing_torch():
     assert "Usage" in r.stdout and "experiments" in r.stdout and "factorize" in r.stdout
     v = subprocess.run([sys.executable, "-m", "fedsim.cli", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert v.stdout.startswith("fedsim ") and time.perf_counter() - t0 < 60
+
+
+def test_far_more_ray_workers_than_cpus_is_refused_before_anything_starts():
+    """--set sim.num_workers=1000 on 2 CPUs never finished round 1 (Ray was told it had 1000 CPUs)."""
+    import os
+
+    from fedsim.run.build import MAX_WORKERS_PER_CPU, num_workers
+
+    cpus = len(os.sched_getaffinity(0))
+    too_many = MAX_WORKERS_PER_CPU * cpus + 1
+    with pytest.raises(FedsimError, match=f"sim.num_workers = {too_many}: .*Lower sim.num_workers"):
+        num_workers(load_config(None, [f"sim.num_workers={too_many}", "sim.engine='ray'"]))
+    assert num_workers(load_config(None, [f"sim.num_workers={too_many}", "sim.engine='inprocess'"])) == too_many
+    assert (
+        num_workers(load_config(None, [f"sim.num_workers={MAX_WORKERS_PER_CPU * cpus}"])) == MAX_WORKERS_PER_CPU * cpus
+    )

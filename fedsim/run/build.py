@@ -234,12 +234,28 @@ def _device(cfg: Config) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+#: Ray workers per CPU of this machine beyond which a local Ray is refused: each worker is a
+#: process with its own model and data, and Ray is told it has ``num_workers·client_cpus`` CPUs.
+MAX_WORKERS_PER_CPU = 4
+
+
 def num_workers(cfg: Config) -> int:
-    """Workers (SuperNodes / Ray actors): ``sim.num_workers`` or CPUs / ``sim.client_cpus``."""
-    if cfg.sim.num_workers is not None:
-        return cfg.sim.num_workers
+    """Workers (SuperNodes / Ray actors): ``sim.num_workers`` or CPUs / ``sim.client_cpus``.
+    On a local Ray, more than :data:`MAX_WORKERS_PER_CPU` per CPU is refused (1000 workers on
+    2 CPUs started processes until the machine stalled, and round 1 never finished)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, int(cpus // cfg.sim.client_cpus))
+    n = cfg.sim.num_workers
+    if n is None:
+        return max(1, int(cpus // cfg.sim.client_cpus))
+    local_ray = cfg.sim.ray_address is None and resolve_engine(cfg, n) == "ray"
+    if local_ray and n > MAX_WORKERS_PER_CPU * cpus:
+        raise FedsimError(
+            f"sim.num_workers = {n}: each Ray worker is a process with its own model and data, and this machine "
+            f"has {cpus} CPUs; more than {MAX_WORKERS_PER_CPU} workers per CPU ({MAX_WORKERS_PER_CPU * cpus}) "
+            f"only adds processes that wait. Lower sim.num_workers (unset: {max(1, int(cpus // cfg.sim.client_cpus))} "
+            f"here), use sim.engine = 'inprocess', or join a Ray cluster with sim.ray_address"
+        )
+    return n
 
 
 def resolve_vectorize(

@@ -99,3 +99,34 @@ def test_a_run_stopped_between_a_checkpoint_and_its_row_resumes_with_that_row(tm
     monkeypatch.setattr(MetricsFile, "on_round_end", real)
     run_experiment(cfg, out, progress=False, resume=True)
     assert [_released(r) for r in _rows(out)] == [_released(r) for r in _rows(clean)]
+
+
+def test_a_failed_evaluation_reply_is_shown_and_checkpoints_its_round(tmp_path, monkeypatch):
+    """The row of a round with a failed evaluation reply says so (it said eval_failed_users: 0
+    over a part of the evaluation users) and the round is checkpointed before the row is written."""
+    from flwr.clientapp import ClientApp
+
+    from fedsim.clients.client_app import evaluate, train
+
+    def failing_eval(msg, context, call_next):
+        if msg.metadata.message_type == "evaluate" and int(context.node_config.get("partition-id", -1)) == 0:
+            raise RuntimeError("injected evaluation fault")
+        return call_next(msg, context)
+
+    app = ClientApp(mods=[failing_eval])
+    app.train()(train)
+    app.evaluate()(evaluate)
+    saves: list[int] = []
+    real_save = callbacks_module.save_checkpoint
+    monkeypatch.setattr(
+        callbacks_module, "save_checkpoint", lambda f, s: (saves.append(s["metrics_rows"]), real_save(f, s))[1]
+    )
+    cfg = load_config(
+        None, [b for b in BASE if b != "eval.every=0"] + ["eval.every=2", "rounds=3", "checkpoint.every=1000"]
+    )
+    out = tmp_path / "run"
+    run_experiment(cfg, out, progress=False, client_app=app)
+    rows = _rows(out)
+    assert [r.get("eval_failed_replies") for r in rows] == [None, 1, 1]  # evaluated at rounds 2 and 3
+    assert rows[1]["eval_accuracy"] is not None  # the other node's users were evaluated
+    assert 2 in saves  # round 2 (not a multiple of checkpoint.every) was checkpointed
