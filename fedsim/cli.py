@@ -75,6 +75,38 @@ def _offline_env() -> None:
         os.environ.setdefault(k, v)
 
 
+def _lines(obj: Any, indent: int = 0) -> list[str]:
+    """``key: value`` lines of a JSON-like value, nested tables indented: what the commands print
+    without ``--json``."""
+    pad = "  " * indent
+    if isinstance(obj, dict):
+        out = []
+        for k, v in obj.items():
+            if (isinstance(v, dict) and v) or (isinstance(v, list) and any(isinstance(x, (dict, list)) for x in v)):
+                out += [f"{pad}{k}:", *_lines(v, indent + 1)]
+            else:
+                out.append(f"{pad}{k}: {_scalar(v)}")
+        return out
+    if isinstance(obj, list):
+        return [ln for item in obj for ln in (_lines(item, indent) if isinstance(item, dict) else [f"{pad}- {item}"])]
+    return [f"{pad}{_scalar(obj)}"]
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, list):
+        return ", ".join(_scalar(x) for x in v)
+    if isinstance(v, dict):
+        return "{}"
+    return "–" if v is None else str(v)
+
+
+def _echo(obj: Any, as_json: bool, **dumps: Any) -> None:
+    """``obj`` as one JSON line (``--json``) or as indented ``key: value`` lines."""
+    typer.echo(json.dumps(obj, **dumps) if as_json else "\n".join(_lines(obj)))
+
+
 def _relation(name: object) -> str:
     from fedsim.privacy.accounting import RELATION_LABELS
 
@@ -339,7 +371,7 @@ def factorize(
         import numpy as np
 
         np.savez(out, **arrays)
-    typer.echo(json.dumps(result) if as_json else json.dumps(result, indent=1))
+    _echo(result, as_json)
 
 
 def _register_factorize() -> None:
@@ -485,7 +517,7 @@ def describe(
             "max": int(ex.max()),
         },
     }
-    typer.echo(json.dumps(info) if as_json else json.dumps(info, indent=1))
+    _echo(info, as_json)
 
 
 SO_NAMES = ("stackoverflow_nwp", "stackoverflow_tag")
@@ -559,7 +591,7 @@ def show(
             )
             examples.append({**r, "x": x.tolist(), "y": y.tolist()})
     out = {"dataset": name, "split": split, "client_id": client, "examples": examples}
-    typer.echo(json.dumps(out, ensure_ascii=False) if as_json else json.dumps(out, indent=1, ensure_ascii=False))
+    _echo(out, as_json, ensure_ascii=False)
 
 
 @data_app.command()
@@ -574,7 +606,7 @@ def stats(
     from fedsim.data.stackoverflow.files import sqlite_path
 
     out = {"splits": StackOverflowDB(sqlite_path(root)).stats()}
-    typer.echo(json.dumps(out) if as_json else json.dumps(out, indent=1))
+    _echo(out, as_json)
 
 
 @data_app.command()
@@ -616,7 +648,7 @@ def prepare(
     }
     created = ensure_index(db_path)
     out = {"files": files, "verified": verified, "index_created": created, "splits": StackOverflowDB(db_path).stats()}
-    typer.echo(json.dumps(out) if as_json else json.dumps(out, indent=1))
+    _echo(out, as_json)
 
 
 @data_app.command()

@@ -9,7 +9,10 @@
   ``128 + signal`` (130 for SIGINT, 143 for SIGTERM).
 - A **second** signal quits at once: every descendant process is killed with SIGKILL and the
   process exits with ``128 + signal``. The checkpoint on disk is the last one the run saved
-  (checkpoints are written atomically, so it is never half-written).
+  (checkpoints are written atomically, so it is never half-written). A signal that follows the
+  first within :data:`SAME_STOP_SECONDS` is the same stop delivered twice, not a second one:
+  ``timeout`` sends SIGTERM to its command and then to the command's whole process group, so the
+  run's main process gets two at once (that hard-quit a run that was stopping cleanly).
 
 Handlers can only be installed from the main thread; :func:`stop_on_signals` does nothing else
 when called from another thread (the caller then keeps Python's default behaviour).
@@ -48,6 +51,10 @@ class RunInterrupted(Exception):
         return 128 + self.signum
 
 
+#: Seconds after the first stop signal within which another is the same stop, delivered twice.
+SAME_STOP_SECONDS = 0.25
+
+
 class StopRequest:
     """Whether a stop was asked for, and by which signal.
 
@@ -60,6 +67,8 @@ class StopRequest:
         self.event = threading.Event()
         self.signum: int | None = None
         self.notice = notice
+        #: ``time.monotonic()`` of the first stop signal (None before it).
+        self.first_at: float | None = None
 
     @property
     def requested(self) -> bool:
@@ -73,7 +82,12 @@ class StopRequest:
         """Ask the run to stop (what the first signal does)."""
         if self.signum is None:
             self.signum = int(signum)
+            self.first_at = time.monotonic()
         self.event.set()
+
+    def repeated(self) -> bool:
+        """Whether a signal arriving now is the first one delivered again (see the module)."""
+        return self.first_at is not None and time.monotonic() - self.first_at < SAME_STOP_SECONDS
 
 
 def descendants(pid: int | None = None) -> list[int]:
@@ -160,6 +174,8 @@ def stop_on_signals(
         return
 
     def handler(signum: int, frame: object) -> None:
+        if request.requested and request.repeated():  # the same stop, delivered to us twice
+            return
         if request.requested:  # second signal: quit now
             kill_descendants(0.0, spare)
             name = signal.Signals(signum).name

@@ -161,3 +161,17 @@ def test_far_more_ray_workers_than_cpus_is_refused_before_anything_starts():
     assert (
         num_workers(load_config(None, [f"sim.num_workers={MAX_WORKERS_PER_CPU * cpus}"])) == MAX_WORKERS_PER_CPU * cpus
     )
+
+
+def test_json_changes_what_data_and_factorize_print(capsys):
+    """--json made no difference on data describe/show/stats and factorize (both printed JSON)."""
+    args = ("data", "describe", *_sets(["data.name='synthetic'", "data.num_clients=6", "model.name='logreg'"]))
+    code, text, _ = run_cli(capsys, *args)
+    assert code == 0 and "population: 6" in text and not text.lstrip().startswith("{")
+    code, out, _ = run_cli(capsys, *args, "--json")
+    assert code == 0 and json.loads(out)["population"] == 6
+    fargs = ("factorize", "--mechanism", "banded", "--rounds", "8", "--scheme", "min_sep", "--min-sep", "4")
+    code, text, _ = run_cli(capsys, *fargs)
+    assert code == 0 and "sensitivity: 1.41421" in text
+    code, out, _ = run_cli(capsys, *fargs, "--json")
+    assert json.loads(out)["sensitivity"] == pytest.approx(2**0.5)

@@ -229,3 +229,20 @@ def test_descendants_and_kill_descendants_follow_the_process_tree():
         keep.kill()
         tree.kill()
         keep.wait()
+
+
+def test_a_signal_sent_twice_at_once_is_one_stop_not_a_second():
+    """``timeout`` sends SIGTERM to its command and then to the whole process group: the main
+    process gets two at once. They are one stop request; the process keeps running to stop cleanly."""
+    from fedsim.interrupt import SAME_STOP_SECONDS, StopRequest, stop_on_signals
+
+    seen = []
+    request = StopRequest(notice=seen.append)
+    with stop_on_signals(request, "fedsim run --resume X"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert request.requested and request.signal_name == "SIGTERM" and seen == ["SIGTERM"]
+        assert request.repeated()
+    time.sleep(SAME_STOP_SECONDS)
+    assert not request.repeated()  # later, a signal is a second one (that path: the test above)
