@@ -170,7 +170,8 @@ def census(msg: Message, context: Context) -> Message:
     """Deployment: report this node's users (names, train and test sample counts) and the
     model dimensions of its data, for the data spec in the message."""
     spec = spec_from_json(str(records.config(msg, protocol.CONFIG)["data"]))
-    data = node_data(spec, node_selection(dict(context.node_config), deployed=True))
+    selection = node_selection(dict(context.node_config), deployed=True)
+    data = node_data(spec, selection)
     metrics = MetricRecord(
         {
             "num_train": [int(data.num_train(u)) for u in range(data.population)],
@@ -178,6 +179,12 @@ def census(msg: Message, context: Context) -> Message:
         }
     )
     cfg = ConfigRecord(
-        {"names": [str(n) for n in data.names], "dims": json.dumps(data.model_dims()), "task": str(data.task)}
+        {
+            "names": [str(n) for n in data.names],
+            "dims": json.dumps(data.model_dims()),
+            "task": str(data.task),
+            # what selects this node's users, so that an overlap names the settings to fix
+            "selection": " ".join(f"{k}={v}" for k, v in sorted(selection.items())) or "all users of its data",
+        }
     )
     return Message(content=RecordDict({protocol.METRICS: metrics, protocol.CONFIG: cfg}), reply_to=msg)

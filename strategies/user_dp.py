@@ -666,6 +666,7 @@ def census(grid: Grid, data_spec_json: str, timeout: float = 600.0) -> dict[int,
             "num_test": num_test,
             "dims": json.loads(str(c["dims"])),
             "task": str(c["task"]),
+            "selection": str(c["selection"]) if "selection" in c else "",
         }
     missing = [n for n in nodes if n not in out]
     if missing:

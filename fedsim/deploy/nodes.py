@@ -180,12 +180,19 @@ def merge_census(replies: dict[int, dict[str, Any]]) -> tuple[CensusData, dict[i
     if dims is None or not rows:
         raise FedsimError("no SuperNode reported any user; check each node's data-root and user-shard")
     rows.sort()
-    for a, b in zip(rows, rows[1:]):
-        if a[0] == b[0]:
-            raise FedsimError(
-                f"user {a[0]!r} is held by nodes {a[1]} and {b[1]}; give each node a disjoint "
-                f"user-shard (a user counted twice would break the privacy accounting)"
-            )
+    held = [(a, b) for a, b in zip(rows, rows[1:]) if a[0] == b[0]]
+    if held:
+        a, b = held[0]
+
+        def node(n: int) -> str:
+            selection = replies[n].get("selection")
+            return f"node {n}" + (f" ({selection})" if selection else "")
+
+        raise FedsimError(
+            f"{len(held)} user(s), {a[0]!r} the first, are held by {node(a[1])} and {node(b[1])}; give each node "
+            f"a disjoint user-shard (node config user-shard = \"i/n\", or Flower's partition-id and num-partitions), "
+            f"or its own data-root: a user counted twice would break the privacy accounting"
+        )
     data = CensusData(
         [r[0] for r in rows],
         np.array([r[3] for r in rows], dtype=np.int64),

@@ -55,8 +55,18 @@ def test_census_orders_users_by_name_and_refuses_a_user_on_two_nodes():
     assert data.names == ["a", "b", "c", "d", "e"] and data.population == 5
     assert owners == {0: (3, 0), 1: (7, 0), 2: (3, 1), 3: (7, 1), 4: (3, 2)}
     assert data.num_train(1) == 10 and data.num_train(4) == 12 and data.model_dims() == {"vocab_size": 96}
-    with pytest.raises(FedsimError, match="held by nodes"):
+    with pytest.raises(FedsimError, match="held by node 1 and node 2"):
         merge_census({1: _reply(["a", "b"]), 2: _reply(["b"])})
+    # the message names what selects each node's users, so the operator sees which setting to fix
+    overlap = {
+        1: {**_reply(["a", "b"]), "selection": "user-shard=0/2"},
+        2: {**_reply(["b"]), "selection": "user-shard=0/3"},
+    }
+    with pytest.raises(
+        FedsimError,
+        match=r"1 user\(s\), 'b' the first, are held by node 1 \(user-shard=0/2\) and node 2 \(user-shard=0/3\)",
+    ):
+        merge_census(overlap)
     with pytest.raises(FedsimError, match="model dimensions"):
         merge_census({1: _reply(["a"]), 2: _reply(["b"], {"vocab_size": 5})})
     with pytest.raises(FedsimError, match="no SuperNode reported"):
