@@ -736,11 +736,7 @@ def audit(
     CONFIG is an experiment TOML (default: experiments/shakespeare_default.toml).
     """
     _offline_env()
-    attacks = tuple(attack or ["gradient"])
-    allowed = ("gradient", "canary", "user-inference")
-    bad = [a for a in attacks if a not in allowed]
-    if bad:
-        raise FedsimError(f"--attack {', '.join(bad)}: allowed are {', '.join(allowed)} (default gradient)")
+    attacks = _attacks(attack)
     cfg = load_config(config, set_ or [])
     if "gradient" not in attacks:
         opts = _text_audit_options(attacks, canaries, repetitions, secret_length, canary_size, references, held_out)
@@ -774,6 +770,16 @@ def audit(
         f"{rep['num_canaries']} canaries, d = {rep['dimension']:,}, final model only. "
         f"An estimate, not a strict lower bound: see {Path(rep['run_dir']) / 'audit.json'}"
     )
+
+
+def _attacks(attack: list[str] | None) -> tuple[str, ...]:
+    """``--attack`` values, checked (default ``gradient``)."""
+    attacks = tuple(attack or ["gradient"])
+    allowed = ("gradient", "canary", "user-inference")
+    bad = [a for a in attacks if a not in allowed]
+    if bad:
+        raise FedsimError(f"--attack {', '.join(bad)}: allowed are {', '.join(allowed)} (default gradient)")
+    return attacks
 
 
 def _text_audit_options(

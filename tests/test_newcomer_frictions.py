@@ -66,7 +66,10 @@ def test_an_invalid_force_key_is_refused_even_when_nothing_changed():
     from fedsim.run.resume import check_resume
 
     cfg = load_config(None, SMALL)
-    for key, why in (("privacy.noise_multiplier", "may not change"), ("sim.num_wrokers", "no such config key")):
+    for key, why in (
+        ("privacy.noise_multiplier", "cannot change on resume"),
+        ("sim.num_wrokers", "no such config key"),
+    ):
         with pytest.raises(FedsimError, match=why):
             check_resume(cfg, cfg, [key], "the command line")
 

@@ -184,13 +184,13 @@ def merge_census(replies: dict[int, dict[str, Any]]) -> tuple[CensusData, dict[i
     if held:
         a, b = held[0]
 
-        def node(n: int) -> str:
+        def described(n: int) -> str:
             selection = replies[n].get("selection")
             return f"node {n}" + (f" ({selection})" if selection else "")
 
         raise FedsimError(
-            f"{len(held)} user(s), {a[0]!r} the first, are held by {node(a[1])} and {node(b[1])}; give each node "
-            f"a disjoint user-shard (node config user-shard = \"i/n\", or Flower's partition-id and num-partitions), "
+            f"{len(held)} user(s), {a[0]!r} the first, are held by {described(a[1])} and {described(b[1])}; give each node "
+            f'a disjoint user-shard (node config user-shard = "i/n", or Flower\'s partition-id and num-partitions), '
             f"or its own data-root: a user counted twice would break the privacy accounting"
         )
     data = CensusData(

@@ -79,7 +79,7 @@ def check_resume(stored: Config, requested: Config, force: list[str], source: st
     a, b = _flat(stored.model_dump(mode="json")), _flat(requested.model_dump(mode="json"))
     for key in force:
         if key != "rounds" and not forceable(key):
-            raise FedsimError(f"--force {key}: that key may not change on resume ({RESUME_RULES})")
+            raise FedsimError(f"--force {key}: that key cannot change on resume ({RESUME_RULES})")
         if key not in a.keys() | b.keys():
             raise FedsimError(
                 f"--force {key}: there is no such config key; name a key as --set writes it (sim.num_workers)"
@@ -123,13 +123,10 @@ def load_stored_config(folder: Path) -> tuple[dict[str, Any], Config]:
     if not (ckpt_dir / "checkpoint.pt").exists():
         metrics = folder / "metrics.jsonl"
         rows = len(metrics.read_text(encoding="utf-8").splitlines()) if metrics.exists() else 0
-        ran = (
-            f"{rows} round(s) ran but none was checkpointed (see checkpoint.every)"
-            if rows
-            else "no round completed, so there is no checkpoint"
-        )
+        ran = f"{rows} round(s) ran but none was checkpointed; see checkpoint.every" if rows else "no round completed"
         raise FedsimError(
-            f"--resume {folder}: {ran}; it cannot be resumed. Remove the folder and start the run again "
+            f"--resume {folder}: there is no checkpoint yet ({ran}); it cannot be resumed. Remove the folder and "
+            f"start the run again "
             f"(`fedsim run CONFIG --out {folder}`), or start it in another --out"
         )
     ckpt = load_checkpoint(ckpt_dir)
