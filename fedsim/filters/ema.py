@@ -100,6 +100,26 @@ class EMAFilter(Filter):
         self._state = None if g is None else g.clone()
 
 
+#: The largest mixing weight ``|a| = (1−κ)/(κ|γ|)`` DiSK accepts: a larger one would multiply the
+#: difference of a user's two local updates by more than this before the clip.
+MAX_MIX = 100.0
+
+
+def gamma_problem(gamma: float, kappa: float) -> str | None:
+    """Why DiSK's ``γ`` cannot be used with ``κ`` (None when it can): γ = 0 has no mixing weight
+    ``a = (1−κ)/(κγ)``, and ``|a|`` may not exceed :data:`MAX_MIX`."""
+    if kappa >= 1.0 and gamma != 0.0:
+        return None
+    bound = (1.0 - kappa) / (MAX_MIX * kappa)
+    if gamma == 0.0 or abs(gamma) < bound:
+        return (
+            f"filter.gamma = {gamma:g} makes DiSK's mixing weight a = (1−κ)/(κγ) "
+            f"{'undefined' if gamma == 0.0 else f'= {(1.0 - kappa) / (kappa * gamma):.4g}'}; |γ| must be at least "
+            f"(1−κ)/({MAX_MIX:g}·κ) = {bound:.4g} (negative γ, e.g. −1, is the STORM-like correction)"
+        )
+    return None
+
+
 class DiskFilter(EMAFilter):
     """DiSK server side: the EMA recursion plus the constants of the client evaluations.
 
@@ -110,7 +130,10 @@ class DiskFilter(EMAFilter):
         ``y_t = x_t + γ·d_{t−1}``, ``a = 1``) or ``ema`` (server EMA only). Default
         ``two_point``. The server side (this filter's ``step``) is the same EMA in every mode.
     kappa : κ in ``(0, 1]``. Default 0.7.
-    gamma : γ > 0, the look-ahead step. Default 0.5. In ``lookahead`` mode γ is always
+    gamma : γ ≠ 0, the look-ahead step. Default 0.5. Negative γ is the paper's STORM-like
+        correction (its Corollary 1 uses γ = −1): ``a`` is then negative and the mix extrapolates,
+        still clipped once, so the sensitivity stays ``c``. ``|a|`` may not exceed
+        :data:`MAX_MIX` (``|γ| ≥ (1−κ)/(MAX_MIX·κ)``). In ``lookahead`` mode γ is always
         derived as ``(1−κ)/κ`` (that is what makes ``a = 1``) and the given value is
         **overridden** (the config always passes its default 0.5); the value actually used is
         :attr:`gamma`, and the one given is kept in :attr:`gamma_given`.
@@ -138,9 +161,10 @@ class DiskFilter(EMAFilter):
         try:
             g = float(gamma)
         except (TypeError, ValueError) as exc:
-            raise FedsimError(f"filter.gamma must be a positive number, got {gamma!r}") from exc
-        if not (math.isfinite(g) and g > 0.0):
-            raise FedsimError(f"filter.gamma = {gamma!r} must be a finite number > 0; e.g. the default 0.5")
+            raise FedsimError(f"filter.gamma must be a number, got {gamma!r}") from exc
+        problem = gamma_problem(g, self.kappa) if mode != "lookahead" else None
+        if problem is not None or not math.isfinite(g):
+            raise FedsimError(problem or f"filter.gamma = {gamma!r} must be a finite number; e.g. the default 0.5")
         self.gamma_given = g
         if mode == "lookahead":
             self.gamma = (1.0 - self.kappa) / self.kappa
@@ -220,17 +244,22 @@ class DiskOptions(FilterOptions):
         on the downlink), ``lookahead`` (one evaluation at ``x_t + γ·d_{t−1}`` with
         ``γ = (1−κ)/κ``) or ``ema`` (server-side EMA only).
     kappa : κ. Default 0.7.
-    gamma : γ (``two_point``). Default 0.5; ``lookahead`` derives ``γ = (1−κ)/κ`` and refuses
-        another value.
+    gamma : γ (``two_point``), non-zero: negative is the STORM-like correction of the paper's
+        Corollary 1 (``γ = −1``), with ``|a| = (1−κ)/(κ|γ|) ≤ 100``. Default 0.5; ``lookahead``
+        derives ``γ = (1−κ)/κ`` and refuses another value.
     """
 
     name: Literal["disk"] = "disk"
     mode: Literal["two_point", "lookahead", "ema"] = "two_point"
     kappa: float = Field(default=DEFAULT_KAPPA, gt=0, le=1)
-    gamma: float | None = Field(default=None, gt=0, le=100)
+    gamma: float | None = Field(default=None, ge=-100, le=100)
 
     @model_validator(mode="after")
     def _lookahead_gamma(self) -> DiskOptions:
+        if self.mode != "lookahead" and self.gamma is not None:
+            problem = gamma_problem(self.gamma, self.kappa)
+            if problem is not None:
+                raise ValueError(problem)
         if self.mode == "lookahead" and self.gamma is not None:
             want = (1.0 - self.kappa) / self.kappa
             if abs(self.gamma - want) > 1e-9 * max(1.0, want):

@@ -149,8 +149,10 @@ def test_bad_names_and_params_refused():
         make_filter("doppler", a=[-0.9])
     with pytest.raises(FedsimError, match="filter.mode"):
         make_filter("disk", mode="three_point")
-    with pytest.raises(FedsimError, match="filter.gamma"):
-        make_filter("disk", gamma=-1.0)
+    with pytest.raises(FedsimError, match="filter.gamma = 0 makes DiSK's mixing weight a = .* undefined"):
+        make_filter("disk", gamma=0.0)
+    with pytest.raises(FedsimError, match=r"\|γ\| must be at least"):  # |a| = 0.3/(0.7·0.001) ≈ 429 > 100
+        make_filter("disk", gamma=-0.001)
 
 
 def test_ema_first_output_is_input_and_closed_form_for_constant_plus_step():
@@ -170,6 +172,35 @@ def test_ema_first_output_is_input_and_closed_form_for_constant_plus_step():
     for t in range(1, 20):
         ref[t] = (1 - kappa) * ref[t - 1] + kappa * x[t]
     np.testing.assert_allclose(run(make_filter("ema"), x), ref, atol=1e-13)
+
+
+def test_disk_with_a_negative_gamma_extrapolates_and_is_clipped_once():
+    """DiSK's Corollary 1 uses γ = −1 (STORM-like): a = (1−κ)/(κγ) = −3/7 for κ = 0.7. The mix
+    a·Δ' + (1−a)·Δ extrapolates past Δ; the client clips the mix once, so its norm is at most c."""
+    from fedsim.config import load_config
+    from fedsim.privacy.clipping import clip_vector
+    from fedsim.training import DiskClient
+
+    f = make_filter("disk", mode="two_point", kappa=0.7, gamma=-1.0)
+    assert f.a == pytest.approx(-3 / 7) and f.gamma == -1.0
+    x, d = torch.tensor([1.0, 2.0]), torch.tensor([0.5, -1.0])
+    torch.testing.assert_close(f.lookahead_point(x, d), x - d)
+    dx, dy = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    torch.testing.assert_close(f.mix(dx, dy), torch.tensor([10 / 7, -3 / 7]))
+    # the client: two evaluations from x and x − d, mixed, then one clip
+    client = DiskClient("two_point", f.gamma, f.a)
+    seen = []
+
+    def delta_at(point):
+        seen.append(point.clone())
+        return 3.0 * point  # a delta that grows with the start, so the mix has a norm to clip
+
+    v = client.update(delta_at, x, d)
+    torch.testing.assert_close(seen[0], x - d)  # y_t = x_t + γ·d_{t−1}
+    torch.testing.assert_close(v, f.a * 3.0 * (x - d) + (1 - f.a) * 3.0 * x)
+    clipped, _ = clip_vector(v, 1.0)
+    assert float(clipped.norm()) <= 1.0 + 1e-6 < float(v.norm())
+    assert load_config(None, ["filter.name='disk'", "filter.gamma=-1.0", "server.optimizer='sgd'"]).filter.gamma == -1.0
 
 
 def test_disk_constants_and_helpers():
