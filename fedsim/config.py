@@ -156,7 +156,8 @@ class ClientConfig(_Section):
 
 
 class ClippingConfig(_Section):
-    """Adaptive clipping to a target quantile (Andrew et al. 2021; docs/algorithms.md §5).
+    """How a user's delta is bounded: flat or automatic clipping, and adaptive clipping to a
+    target quantile (Andrew et al. 2021; docs/algorithms.md §5).
 
     ``client.clip_norm`` is the first round's ``c_0``; with ``adaptive`` the server moves
     ``c_t`` towards the ``target_quantile`` of the users' delta norms, from a noisy count
@@ -164,6 +165,12 @@ class ClippingConfig(_Section):
 
     Parameters
     ----------
+    mode : ``flat`` (default: ``Δ·min(1, c/‖Δ‖)``) or ``automatic`` (Bu et al., "Automatic
+        clipping", NeurIPS 2023, as DiSK and DOPPLER run every experiment: every delta is
+        normalised to ``c·Δ/(‖Δ‖ + r)``, so small deltas are scaled up; the norm stays below
+        ``c`` and so does the sensitivity). Not with ``adaptive`` or error feedback, which read
+        what flat clipping cut off.
+    stability : ``r`` of automatic clipping, in the delta's norm units. Default 0.01.
     adaptive : turn adaptive clipping on. Default False (fixed ``c``).
     target_quantile : ``γ``, fraction of users whose delta should fit under ``c``. Default 0.5.
     lr : ``η_c``, geometric step size of ``c``. Default 0.2.
@@ -171,6 +178,8 @@ class ClippingConfig(_Section):
         Default ``K̄/20`` (``sampling.cohort_size / 20``).
     """
 
+    mode: Literal["flat", "automatic"] = "flat"
+    stability: float = Field(default=0.01, gt=0, le=1e6)
     adaptive: bool = False
     target_quantile: float = Field(default=0.5, gt=0, lt=1)
     lr: float = Field(default=0.2, gt=0, le=10)
@@ -617,6 +626,12 @@ class Config(_Section):
     def _error_feedback_fits(self) -> Config:
         """Error feedback against adaptive clipping, MF noise, and the guarantee it lacks on the server."""
         ef = self.client.error_feedback
+        if self.clipping.mode == "automatic" and (ef != "none" or self.clipping.adaptive):
+            raise ValueError(
+                "clipping.mode = 'automatic' normalises every delta; "
+                + ("error feedback" if ef != "none" else "adaptive clipping")
+                + " reads what flat clipping cuts off and does not apply to it: use clipping.mode = 'flat'"
+            )
         if ef != "none" and self.clipping.adaptive:
             raise ValueError(
                 f"client.error_feedback = '{ef}' with clipping.adaptive = true is not supported "

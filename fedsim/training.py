@@ -55,6 +55,8 @@ class LocalTraining:
     cuda_graphs : on a CUDA device, replay a recurrent model's local steps from CUDA graphs
         (:mod:`fedsim.step_graphs`; ``sim.cuda_graphs``). The same kernels on the same values as
         eager steps. Default False.
+    clip_stability : automatic clipping's ``r`` (``clipping.mode = "automatic"``): every delta
+        becomes ``c·Δ/(‖Δ‖ + r)``. None (default): flat clipping ``Δ·min(1, c/‖Δ‖)``.
     """
 
     epochs: int
@@ -64,6 +66,7 @@ class LocalTraining:
     clip_norm: float
     fused_softmax: bool = False
     cuda_graphs: bool = False
+    clip_stability: float | None = None
 
 
 @dataclass
@@ -89,14 +92,17 @@ def failed_result(user: int) -> UserResult:
     return UserResult(user, math.nan, 0, 0.0, False, failed=True)
 
 
-def isolated_clip(delta: torch.Tensor, clip_norm: float, keep_device: bool = False) -> tuple[torch.Tensor, float, bool]:
+def isolated_clip(
+    delta: torch.Tensor, clip_norm: float, keep_device: bool = False, stability: float | None = None
+) -> tuple[torch.Tensor, float, bool]:
     """``(clip(Δ, c) on the CPU, ‖Δ‖, finite)``: a non-finite delta, or one whose clipped copy is
     not finite once cast to the float32 that workers sum and send, becomes zeros with
     ``finite = False``. The dtype of ``Δ`` is kept (the worker's float32 sum casts it); a
     wider ``Δ`` is clipped with float32's margin, so the cast's norm is still at most ``c``.
     ``keep_device``: leave the clipped copy on ``Δ``'s device (a GPU worker sums there and
-    copies the sum once, instead of every user's update). Default False."""
-    clipped, norm = clip_vector(delta, clip_norm, sent_as=torch.float32)
+    copies the sum once, instead of every user's update). Default False. ``stability``: automatic
+    clipping's ``r`` (:func:`~fedsim.privacy.clipping.clip_vector`); None (default): flat."""
+    clipped, norm = clip_vector(delta, clip_norm, sent_as=torch.float32, stability=stability)
     out = clipped.detach() if keep_device else clipped.detach().cpu()
     if not is_finite_norm(norm):
         return torch.zeros_like(out), math.inf, False
@@ -108,12 +114,12 @@ def isolated_clip(delta: torch.Tensor, clip_norm: float, keep_device: bool = Fal
 
 
 def isolated_clip_rows(
-    rows: torch.Tensor, clip_norm: float, keep_device: bool = False
+    rows: torch.Tensor, clip_norm: float, keep_device: bool = False, stability: float | None = None
 ) -> tuple[torch.Tensor, list[float], list[bool]]:
     """:func:`isolated_clip` on each row of a ``(U, d)`` tensor at once (vectorized training):
     ``(clipped rows on the CPU, norms, finite flags)``, each row exactly what
-    :func:`isolated_clip` gives it alone. ``keep_device`` as there."""
-    out, norms = clip_rows(rows, clip_norm, sent_as=torch.float32)
+    :func:`isolated_clip` gives it alone. ``keep_device`` and ``stability`` as there."""
+    out, norms = clip_rows(rows, clip_norm, sent_as=torch.float32, stability=stability)
     out = out.detach() if keep_device else out.detach().cpu()
     finite = [is_finite_norm(n) for n in norms]
     if out.dtype == torch.float64:  # a wider dtype can still overflow the float32 cast
@@ -303,7 +309,7 @@ def train_one_user(
     except Exception:  # this user's data or training failed: it contributes zero (isolation)
         where = next(model.parameters()).device if keep_device else "cpu"
         return torch.zeros(x0.numel(), dtype=torch.float32, device=where), failed_result(user)
-    clipped, norm, finite = isolated_clip(delta, spec.clip_norm, keep_device)
+    clipped, norm, finite = isolated_clip(delta, spec.clip_norm, keep_device, spec.clip_stability)
     if not finite:
         return clipped, UserResult(user, math.nan, seen, math.inf, False, nonfinite=True)
     return clipped, UserResult(user, loss, seen, norm, norm > spec.clip_norm)

@@ -235,7 +235,8 @@ class _VectorizedPass:
         with torch.no_grad():
             flat = torch.cat([p[k].reshape(len(chunk), -1) for k in self.names], dim=1) - self.x0
         clip = self.spec.clip_norm
-        clipped, norms, finites = isolated_clip_rows(flat, clip, keep_device=True)  # each row as isolated_clip alone
+        # each row as isolated_clip alone
+        clipped, norms, finites = isolated_clip_rows(flat, clip, keep_device=True, stability=self.spec.clip_stability)
         losses = loss_sum.tolist()
         for i, u in enumerate(chunk):
             self.clipped_of[u], norm, finite = clipped[i], norms[i], finites[i]

@@ -30,8 +30,11 @@ def l2_norm(v: torch.Tensor) -> float:
     return float(total.sqrt())
 
 
-def clip_vector(v: torch.Tensor, clip_norm: float, sent_as: torch.dtype | None = None) -> tuple[torch.Tensor, float]:
-    """Return ``(clip(v, c), ‖v‖₂)``.
+def clip_vector(
+    v: torch.Tensor, clip_norm: float, sent_as: torch.dtype | None = None, stability: float | None = None
+) -> tuple[torch.Tensor, float]:
+    """Return ``(clip(v, c), ‖v‖₂)``; with ``stability`` ``r``, automatic clipping
+    ``c·v/(‖v‖ + r)`` instead (:func:`clip_scale`).
 
     The scale is computed in float64 and shrunk by a few ulps of ``v``'s dtype, so
     that the result's norm never exceeds ``clip_norm`` after rounding. A vector that is not
@@ -45,6 +48,8 @@ def clip_vector(v: torch.Tensor, clip_norm: float, sent_as: torch.dtype | None =
     sent_as : the dtype the result will be rounded to before it is summed (None: ``v``'s own).
         The margin is that of the coarser of the two, so a float64 result cast to float32
         still has norm at most ``c``. Default None.
+    stability : ``r`` > 0 of automatic clipping (Bu et al., NeurIPS 2023): every vector is scaled
+        to ``c·v/(‖v‖ + r)``, norm below ``c``, small ones scaled up. None (default): flat clipping.
     """
     if clip_norm <= 0:
         raise ValueError("clip_norm must be > 0")
@@ -54,7 +59,7 @@ def clip_vector(v: torch.Tensor, clip_norm: float, sent_as: torch.dtype | None =
     # sum of squares. (An entrywise isfinite pass cost three times the norm: 9 ms on 4M floats.)
     if not math.isfinite(norm):
         return torch.zeros_like(v), math.inf
-    scale = clip_scale(norm, clip_norm, v.dtype, sent_as)
+    scale = clip_scale(norm, clip_norm, v.dtype, sent_as, stability)
     if scale == 1.0:
         return v, norm
     return v * scale, norm
@@ -64,18 +69,28 @@ def _eps(dtype: torch.dtype | None) -> float:
     return torch.finfo(dtype).eps if dtype is not None and dtype.is_floating_point else 2.0**-23
 
 
-def clip_scale(norm: float, clip_norm: float, dtype: torch.dtype, sent_as: torch.dtype | None = None) -> float:
+def clip_scale(
+    norm: float,
+    clip_norm: float,
+    dtype: torch.dtype,
+    sent_as: torch.dtype | None = None,
+    stability: float | None = None,
+) -> float:
     """The factor that clips a vector of finite float64 norm ``norm`` > ``clip_norm`` of entries of
     ``dtype``: ``(c / norm)`` shrunk by ``4·eps`` of the dtype (or of ``sent_as``, the dtype the
     result is later rounded to, where that is coarser), so that the product's norm stays at most
     ``c`` after that rounding (1.0 where nothing is clipped). Where ``sent_as`` is coarser, a
-    vector within ``4·eps`` below ``c`` is scaled too: its rounding could carry it above ``c``."""
+    vector within ``4·eps`` below ``c`` is scaled too: its rounding could carry it above ``c``.
+    With ``stability`` ``r`` (automatic clipping) every vector is scaled, by ``c/(norm + r)``
+    shrunk the same way: the product's norm ``c·norm/(norm + r)`` is below ``c``."""
     if norm == 0.0:
         return 1.0
     coarser = sent_as is not None and _eps(sent_as) > _eps(dtype)
+    eps = _eps(sent_as) if coarser else _eps(dtype)
+    if stability is not None:
+        return (clip_norm / (norm + stability)) * (1.0 - 4.0 * eps)
     if norm <= clip_norm and not coarser:
         return 1.0
-    eps = _eps(sent_as) if coarser else _eps(dtype)
     return min(1.0, (clip_norm / norm) * (1.0 - 4.0 * eps))
 
 
@@ -102,7 +117,7 @@ def row_norms(rows: torch.Tensor) -> torch.Tensor:
 
 
 def clip_rows(
-    rows: torch.Tensor, clip_norm: float, sent_as: torch.dtype | None = None
+    rows: torch.Tensor, clip_norm: float, sent_as: torch.dtype | None = None, stability: float | None = None
 ) -> tuple[torch.Tensor, list[float]]:
     """:func:`clip_vector` on each row of a ``(U, d)`` tensor at once: ``(clipped rows, norms)``.
 
@@ -117,11 +132,12 @@ def clip_rows(
     rows : ``(U, d)`` float tensor, one flat vector per row (on any device); not modified.
     clip_norm : ``c`` > 0, the L2 bound.
     sent_as : as in :func:`clip_vector`. Default None.
+    stability : as in :func:`clip_vector` (automatic clipping). Default None.
     """
     if clip_norm <= 0:
         raise ValueError("clip_norm must be > 0")
     norms = row_norms(rows).tolist()
-    scales = [clip_scale(n, clip_norm, rows.dtype, sent_as) if math.isfinite(n) else 0.0 for n in norms]
+    scales = [clip_scale(n, clip_norm, rows.dtype, sent_as, stability) if math.isfinite(n) else 0.0 for n in norms]
     # A Python-float scale multiplies a row in the row's arithmetic type (float32 for float32
     # and the half types, which torch computes in float32 and rounds back; float64 for float64):
     # the scales are cast the same way, so each row gets clip_vector's bits.

@@ -589,6 +589,7 @@ def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any, 
         cfg.client.clip_norm,
         fused_softmax=cfg.sim.fused_softmax == "auto",
         cuda_graphs=cfg.sim.cuda_graphs == "auto",
+        clip_stability=cfg.clipping.stability if cfg.clipping.mode == "automatic" else None,
     )
     disk = None
     if server.track_step:

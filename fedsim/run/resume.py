@@ -57,9 +57,14 @@ def forceable(key: str) -> bool:
     return key.startswith(FORCE_PREFIXES) or key in FORCE_KEYS
 
 
-#: Keys added after checkpoints began to carry a digest: left out of it while unset, so that
-#: older checkpoints keep their digest.
-_LATER_KEYS = ("privacy.population", "privacy.silo_statistics")
+#: Keys added after checkpoints began to carry a digest, with the value that means "as before":
+#: left out of it while they hold it, so that older checkpoints keep their digest.
+_LATER_KEYS = {
+    "privacy.population": None,
+    "privacy.silo_statistics": None,
+    "clipping.mode": "flat",
+    "clipping.stability": 0.01,
+}
 
 
 def privacy_digest(cfg: Config) -> str:
@@ -67,7 +72,7 @@ def privacy_digest(cfg: Config) -> str:
     flat = {
         k: v
         for k, v in _flat(cfg.model_dump(mode="json")).items()
-        if not forceable(k) and k != "rounds" and not (k in _LATER_KEYS and v is None)
+        if not forceable(k) and k != "rounds" and not (k in _LATER_KEYS and v == _LATER_KEYS[k])
     }
     return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()
 
