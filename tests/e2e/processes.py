@@ -6,6 +6,8 @@ import os
 import signal
 import socket
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 
@@ -85,3 +87,17 @@ def kill_by_env(name: str, value: str) -> list[int]:
         except (OSError, ProcessLookupError):
             continue
     return killed
+
+
+def wait_healthy(url: str, limit: float = 60.0, why: str = "") -> None:
+    """Poll ``url`` (a SuperLink's plain HTTP ``/health``) until it answers 200; fail after ``limit`` s."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{url} did not answer within {limit:.0f} s\n{why}"
+        time.sleep(0.3)

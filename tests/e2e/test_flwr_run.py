@@ -16,12 +16,11 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from e2e.processes import Processes, free_port, kill_by_env
+from e2e.processes import Processes, free_port, kill_by_env, wait_healthy
 from fedsim.privacy.ledger import recompute_epsilon
 
 pytestmark = pytest.mark.deployment
@@ -64,16 +63,7 @@ def simulation_superlink(tmp_path):
         ],
         tmp_path / "link",
     )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, procs.log("superlink")[-3000:]
-        time.sleep(0.3)
+    wait_healthy(f"http://127.0.0.1:{port}/health", why=procs.log("superlink")[-3000:])
     try:
         yield env, tmp_path, procs
     finally:
@@ -142,16 +132,7 @@ def test_a_deployed_run_resumes_on_the_deployment_engine_after_a_superlink_kill(
          "--host", "127.0.0.1", "--port", port],
         tmp / "link2",
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        assert time.monotonic() < deadline
-        time.sleep(0.3)
+    wait_healthy(f"http://127.0.0.1:{port}/health", why=procs.log("superlink")[-3000:])
     run = _flwr(env, "run", str(ROOT), "sim8", "--stream", "--run-config", f'resume=true out-dir="{out}"')
     log = run.stdout + run.stderr
     started = re.search(r"Successfully started run (\d+)", log)

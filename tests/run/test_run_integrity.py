@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import PLDAccountant
-from helpers import run_cli
+from helpers import CrashAfter, run_cli
 
 N, K = 24, 6
 SMALL = [
@@ -227,29 +227,6 @@ def test_the_default_can_be_shrunk(capsys, tmp_path):
     assert Path(tmp_path / "small" / "ledger.json").exists()
 
 
-class _FailAt:
-    """A run callback that raises after round ``r`` (a crash mid-run)."""
-
-    def __init__(self, r: int) -> None:
-        self.r = r
-
-    def on_start(self, run, out, resumed):
-        pass
-
-    def on_round_end(self, row):
-        if row["round"] == self.r:
-            raise RuntimeError(f"injected failure after round {self.r}")
-
-    def on_stop(self, signal_name):
-        pass
-
-    def on_end(self, summary, status):
-        pass
-
-    def close(self):
-        pass
-
-
 def test_an_extended_run_that_fails_keeps_no_stale_summary_and_counts_all_wall_time(capsys, tmp_path):
     """A finished 2-round run resumed with ``rounds = 4`` that fails in round 3 must not leave the
     2-round summary (its smaller ε, read by ``fedsim report``) beside a 3-round ledger; the run
@@ -267,8 +244,8 @@ def test_an_extended_run_that_fails_keeps_no_stale_summary_and_counts_all_wall_t
     old = json.loads((out / "summary.json").read_text())
     assert old["rounds_completed"] == 2
     cfg = resume_config(out, None, ["rounds=4"], ["rounds"])
-    with pytest.raises(RuntimeError, match="injected failure"):
-        run_experiment(cfg, out, progress=False, resume=True, callbacks=[_FailAt(3)])
+    with pytest.raises(RuntimeError, match="crash after round 3"):
+        run_experiment(cfg, out, progress=False, resume=True, callbacks=[CrashAfter(3)])
     assert not (out / "summary.json").exists(), "the 2-round summary outlived the extension"
     ledger = json.loads((out / "ledger.json").read_text())
     assert len(ledger["entries"]) == 3
