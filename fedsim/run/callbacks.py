@@ -244,7 +244,7 @@ class Checkpointer(RunCallback):
         assert run is not None and log is not None, "on_start comes first"
         r = int(row["round"])
         sha = model_sha256(run.server.params)
-        sent = log.published().get(r)
+        sent = log.sent(r)
         if sent is not None:
             if sent != sha:
                 raise FedsimError(

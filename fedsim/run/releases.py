@@ -48,6 +48,8 @@ class ReleaseLog:
         self.folder = Path(folder)
         self.path = self.folder / RELEASES_NAME
         self._events = self._read()
+        #: round → SHA-256 of the model sent, kept as events are read and appended (looked up every round)
+        self._models = {int(e["round"]): str(e["sha256"]) for e in self._events if e.get("event") == "model"}
 
     def _read(self) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -75,6 +77,8 @@ class ReleaseLog:
         finally:
             os.close(fd)
         self._events.append(event)
+        if event["event"] == "model":
+            self._models[int(event["round"])] = str(event["sha256"])
 
     def record_training(self, round_number: int, silos: list[int]) -> None:
         """Round ``round_number`` (1-based) asks ``silos`` to train; call before the messages go."""
@@ -92,6 +96,10 @@ class ReleaseLog:
                 counts.update(int(s) for s in e["silos"])
         return counts
 
+    def sent(self, round_number: int) -> str | None:
+        """The SHA-256 recorded for round ``round_number``'s model, or None."""
+        return self._models.get(int(round_number))
+
     def published(self) -> dict[int, str]:
         """``{round: sha256}`` of every model recorded as sent."""
-        return {int(e["round"]): str(e["sha256"]) for e in self._events if e.get("event") == "model"}
+        return dict(self._models)
