@@ -546,6 +546,31 @@ def _build_server(
     return server
 
 
+def dp_server(
+    cfg: Config, prep: Prepared, key: PrivacyKey, device: torch.device, notes: list[str]
+) -> tuple[DPServer, Any]:
+    """The server's whole DP step for ``prep``: the noise stream under ``key.derive("noise")``,
+    the ledger, and the :class:`DPServer` (fixed denominator, filter, optimizer, clipping
+    control). fedsim's own runs and the Flower wrapper (:mod:`fedsim.flower`) both build theirs
+    here. Returns the server and the example-level DP settings (None for user-level DP)."""
+    noise = make_noise(prep.spec.mechanism, prep.num_params, key.derive("noise"), device, prep.plan)
+    ledger, example_dp = _build_ledger(cfg, prep, notes)
+    return _build_server(cfg, prep, noise, key, ledger, device), example_dp
+
+
+def prepare_without_data(cfg: Config, population: int, x0: torch.Tensor) -> Prepared:
+    """What :func:`prepare` resolves, for a population of ``population`` users known only by
+    count (the Flower wrapper's nodes) and the model ``x0`` (flat float32) instead of
+    ``cfg.model``: the accounting spec (``z`` calibrated to a target ε), the scheme, the MF plan
+    and the clipping budget split. Raises :class:`FedsimError` for what a run would refuse."""
+    spec = resolve_privacy(cfg, population)
+    scheme = scheme_of(cfg, population)
+    z_update, split = resolve_clipping(cfg, spec, scheme)
+    plan = mf_plan(cfg, spec, scheme)
+    x0 = x0.detach().to(torch.float32).flatten()
+    return Prepared(cfg, None, spec, scheme, plan, x0, int(x0.numel()), z_update, split)  # type: ignore[arg-type]
+
+
 def _build_ledger(cfg: Config, prep: Prepared, notes: list[str]) -> tuple[Ledger, Any]:
     """The privacy ledger (with the silos' example-level ledger for ``privacy.unit = "example"``)
     and the example-level DP settings (None for user-level DP)."""
@@ -698,13 +723,12 @@ def build_run(
     # derived from the config's seed in simulation (reproducible studies, not secret), 256 bits
     # from the OS CSPRNG in deployment (never logged, written to the config or sent).
     key = PrivacyKey.from_seed(cfg.seed) if deployment is None else deployment.privacy_key
-    noise = make_noise(spec.mechanism, prep.num_params, key.derive("noise"), device, prep.plan)
     ef = cfg.client.error_feedback
     notes = _run_notes(cfg, data.population + (0 if synthetic is None else int(synthetic.count)), deployment)
     if deployment is not None:  # config.toml records what ran (data.max_users does not apply)
         resolved.data = resolved.data.model_copy(update={"max_users": None})
-    ledger, example_dp = _build_ledger(cfg, prep, notes)
-    server = _build_server(cfg, prep, noise, key, ledger, device)
+    server, example_dp = dp_server(cfg, prep, key, device, notes)
+    noise, ledger = server.noise, server.ledger
     user_ids = list(data.names) + (
         [] if synthetic is None else [f"{SYNTHETIC_ID_PREFIX}{k}" for k in range(int(synthetic.count))]
     )

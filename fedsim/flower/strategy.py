@@ -1,0 +1,403 @@
+"""User-level DP with correlated (MF) noise around any Flower strategy: :class:`UserLevelDP`.
+
+One Flower node is one user. Round ``t`` (docs/algorithms.md §1, the same steps as fedsim's own
+runs, built by the same code):
+
+1. The wrapper — not the wrapped strategy — picks the round's nodes with fedsim's cohort sampler,
+   which enforces the participation scheme (Poisson, or keyed ``epochs``/``min_sep``/``single``
+   groups) on each node's stable identity.
+2. Each chosen node gets the wrapped strategy's train message (its model ``x_t`` and config).
+3. Each reply's update ``Δ_i = y_i − x_t`` is checked and clipped to ``c`` on the server
+   (:class:`fedsim.aggregation.UpdateAggregator`), whether or not the node clipped it first.
+4. :class:`fedsim.server.DPServer` adds the mechanism's noise row ``c·z·sens·n_t``, divides by the
+   fixed ``K̄`` (never the number of replies), applies the optional fedsim filter (DOPPLER, EMA,
+   DiSK look-ahead) and optimizer (``sgd`` with ``lr = 1`` by default: ``x_t + ĝ_t``; DP-AdamBC
+   with its exact ``Φ_t``), and records ε in the ledger.
+5. Only the result reaches the wrapped strategy, as the one and only reply of the round with
+   weight 1. Its aggregation and server optimizer (FedAvg, FedAdam, …) are post-processing, and
+   sample-count weighting has nothing to weigh: one user's data cannot change another's weight.
+
+The noised model is written to the checkpoint (``out``) before it is returned, so it is saved
+before it leaves the server: a resumed run continues with the next noise row and never sends a
+round twice with the same noise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import replace
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedsim.aggregation import UpdateAggregator
+from fedsim.checkpoint import load_checkpoint, save_checkpoint
+from fedsim.config import Config, config_from_dict
+from fedsim.errors import FedsimError
+from fedsim.flower.arrays import Layout
+from fedsim.flower.identity import Census
+from fedsim.flower.mod import KEY_CLIP_NORM
+from fedsim.flower.replies import screen_and_sum
+from fedsim.privacy.accounting import epsilon
+from fedsim.privacy.rng import PrivacyKey
+from fedsim.run.build import Prepared, dp_server, prepare_without_data
+from fedsim.sampling import make_sampler
+from fedsim.server import DPServer
+
+#: Keys of the privacy-relevant settings a resume must not change.
+_FIXED_ON_RESUME = ("rounds", "client", "clipping", "sampling", "privacy")
+
+
+def _settings(
+    rounds: int,
+    population: int,
+    clip_norm: float,
+    privacy: dict[str, Any] | None,
+    sampling: dict[str, Any] | None,
+    filter: dict[str, Any] | None,
+    optimizer: dict[str, Any] | None,
+) -> Config:
+    """The wrapper's settings as a fedsim config (validated by the same rules as ``fedsim run``)."""
+    priv = dict(privacy or {"mechanism": "gaussian", "noise_multiplier": 1.0})
+    if "population" in priv and int(priv["population"]) != int(population):
+        raise FedsimError("give the population once: population=, not privacy['population']")
+    priv["population"] = int(population)
+    raw: dict[str, Any] = {
+        "name": "flower-user-dp",
+        "rounds": int(rounds),
+        "client": {"clip_norm": float(clip_norm)},
+        "sampling": dict(sampling or {"scheme": "poisson"}),
+        "privacy": priv,
+        "filter": dict(filter or {"name": "none"}),
+        "server": dict(optimizer or {"optimizer": "sgd", "lr": 1.0}),
+    }
+    cfg = config_from_dict(raw)
+    if cfg.privacy.unit != "user":
+        raise FedsimError("UserLevelDP protects users (one node = one user); privacy.unit must be 'user'")
+    if cfg.clipping.adaptive or cfg.clipping.mode != "flat":
+        raise FedsimError("UserLevelDP clips flat to clip_norm; adaptive and automatic clipping are not supported")
+    return cfg
+
+
+class UserLevelDP(Strategy):
+    """Wrap a Flower strategy so that every model it publishes is user-level DP.
+
+    Parameters
+    ----------
+    strategy : the Flower Message-API strategy to wrap (FedAvg, FedAdam, a subclass, …). It
+        supplies the train message content and aggregates the one noised reply per round.
+    rounds : ``n``, the rounds the guarantee covers; more rounds are refused. Pass the same
+        number to ``start(num_rounds=…)``.
+    population : ``N``, the public number of users (nodes) the guarantee is stated for: the
+        Poisson rate is ``K̄/N``, keyed groups use it, δ defaults to ``1/N^1.1``. More distinct
+        nodes than ``N`` stop the run.
+    clip_norm : ``c``, the L2 bound on each node's model update. Default 1.0.
+    privacy : fedsim's ``[privacy]`` table: ``mechanism`` (``gaussian``, ``blt``, ``banded``,
+        ``bsr``, …), ``noise_multiplier`` or ``target_epsilon``, ``delta``, the mechanism's own
+        keys. Default ``{"mechanism": "gaussian", "noise_multiplier": 1.0}``.
+    sampling : fedsim's ``[sampling]`` table: ``scheme`` (``poisson``, ``single``, ``epochs``,
+        ``min_sep``), ``cohort_size`` (``K̄``), ``min_sep``, … Default ``{"scheme": "poisson"}``
+        (``K̄`` = 40 unless given). ``fixed`` needs a constant node count and is refused.
+    filter : fedsim's ``[filter]`` table (``doppler``, ``ema``, ``disk`` with ``mode =
+        "lookahead"``), between the noise and the wrapped strategy. Default none.
+    optimizer : fedsim's ``[server]`` table, between the filter and the wrapped strategy;
+        default ``{"optimizer": "sgd", "lr": 1.0}`` (passes ``x_t + ĝ_t`` on). ``adambc`` adds
+        DP-AdamBC with the exact noise variance ``Φ_t`` of the mechanism and filter.
+    identity : what a user's rounds are keyed on. ``node`` (default): the Flower node id, stable
+        for the life of a SuperLink (Poisson needs nothing more). ``census``: the identity the
+        node's :func:`fedsim.flower.user_dp_mod` reports (``user-id``, else ``partition-id``),
+        stable across SuperLink restarts; keyed groups with ``out`` need it.
+    clipping : ``server`` (default): nodes send their model, the server clips. ``client``: the
+        train config also carries ``fedsim.clip-norm`` and the node's ``user_dp_mod`` clips before
+        sending; the server re-clips anyway and counts replies it had to clip.
+    side_statistics : pass the nodes' own metrics (training loss, example counts) and federated
+        evaluation through to the wrapped strategy. They are computed from users' data outside
+        the noise, so ε does not cover them. Default False: training metrics are replaced by the
+        wrapper's own and federated evaluation is skipped (centralised ``evaluate_fn`` still runs).
+    out : a folder for ``ledger.json`` (read by ``fedsim.privacy.ledger.recompute_epsilon``),
+        ``config.toml`` and ``checkpoint/checkpoint.pt`` (the wrapper's state, written after each
+        round's noise and before the model is returned). Default None: nothing is written.
+    resume : continue from ``out``'s checkpoint (the settings must match). Default False; a
+        folder that already holds a checkpoint is refused unless resuming.
+    key : an int seeds the privacy key (reproducible studies; anyone with the seed can predict
+        and remove the noise). Default None: 256 bits from the OS CSPRNG, kept only in the
+        checkpoint.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        rounds: int,
+        population: int,
+        clip_norm: float = 1.0,
+        privacy: dict[str, Any] | None = None,
+        sampling: dict[str, Any] | None = None,
+        filter: dict[str, Any] | None = None,
+        optimizer: dict[str, Any] | None = None,
+        identity: str = "node",
+        clipping: str = "server",
+        side_statistics: bool = False,
+        out: str | Path | None = None,
+        resume: bool = False,
+        key: int | None = None,
+    ) -> None:
+        super().__init__()
+        if identity not in ("node", "census") or clipping not in ("server", "client"):
+            raise FedsimError("identity must be 'node' or 'census'; clipping must be 'server' or 'client'")
+        self.strategy = strategy
+        self.cfg = _settings(rounds, population, clip_norm, privacy, sampling, filter, optimizer)
+        if self.cfg.sampling.scheme == "fixed":
+            raise FedsimError("sampling.scheme = 'fixed' needs exactly N nodes every round; use 'poisson'")
+        self.population, self.clipping, self.side_statistics = int(population), clipping, bool(side_statistics)
+        self.census = Census(identity)
+        self.key = PrivacyKey.generate() if key is None else PrivacyKey.from_seed(int(key))
+        self.out = None if out is None else Path(out)
+        self._prep: Prepared = prepare_without_data(self.cfg, self.population, torch.zeros(0))
+        self.server: DPServer | None = None
+        self.layout: Layout | None = None
+        self._pending: dict[str, Any] | None = None
+        self._round_state: dict[str, Any] = {}
+        self.last_arrays: ArrayRecord | None = None
+        self._start_folder(resume)
+
+    # -- settings and files ---------------------------------------------------------------
+
+    @property
+    def spec(self) -> Any:
+        """The accounting spec (``z`` after calibration, ``δ``, the scheme's constants)."""
+        return self._prep.spec
+
+    @property
+    def neighboring_relation(self) -> str:
+        """The neighbouring relation ε is stated for, as the sampler enforces it."""
+        return str(self.spec.neighboring_relation)
+
+    def planned_epsilon(self) -> float:
+        """ε after all ``rounds`` rounds (from dp-accounting), known before round 1."""
+        return float(epsilon(self.spec, self.cfg.rounds))
+
+    def _start_folder(self, resume: bool) -> None:
+        if self.out is None:
+            if resume:
+                raise FedsimError("resume=True needs out=, the folder of the run to resume")
+            return
+        ckpt = self.out / "checkpoint"
+        if resume:
+            state = load_checkpoint(ckpt)
+            self._check_same_settings(state)
+            self._take(state)
+            return
+        if (ckpt / "checkpoint.pt").exists():
+            raise FedsimError(f"{self.out} already holds a run; pass resume=True to continue it, or choose another out")
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.toml").write_text(self.cfg.to_toml(), encoding="utf-8")
+
+    def _check_same_settings(self, state: dict[str, Any]) -> None:
+        before = state["settings"]
+        now = self.cfg.model_dump(mode="json")
+        changed = [k for k in _FIXED_ON_RESUME if before.get(k) != now.get(k)]
+        if changed or state["population"] != self.population:
+            what = ", ".join(changed + ([] if state["population"] == self.population else ["population"]))
+            raise FedsimError(f"resume with other privacy settings ({what}); the checkpoint's ε would not hold")
+
+    def _write(self) -> None:
+        """Ledger and checkpoint, before the round's model is returned."""
+        if self.out is None or self.server is None:
+            return
+        save_checkpoint(self.out / "checkpoint", self.state_dict())
+        tmp = self.out / ".ledger.json.tmp"
+        tmp.write_text(json.dumps(self.server.ledger.to_json(), indent=1), encoding="utf-8")
+        os.replace(tmp, self.out / "ledger.json")
+
+    # -- state ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs: the DP server (noise stream position, filter, optimizer,
+        ledger), the privacy key (a secret: protect it like one), the identities seen, the last
+        published model and the settings."""
+        return {
+            "format": "fedsim.flower/1",
+            "settings": self.cfg.model_dump(mode="json"),
+            "population": self.population,
+            "key": self.key.state_dict(),
+            "server": None if self.server is None else self.server.state_dict(),
+            "census": self.census.state_dict(),
+            "last_arrays": None if self.last_arrays is None else self.last_arrays.to_numpy_ndarrays(),
+            "last_names": None if self.last_arrays is None else list(self.last_arrays.keys()),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (applied when the model's size is known: at once if
+        a round already ran, else at the first ``configure_train``)."""
+        self._check_same_settings(state)
+        self._take(state)
+        if self.server is not None:
+            self._apply_pending()
+
+    def _take(self, state: dict[str, Any]) -> None:
+        """Keep ``state`` for :meth:`_apply_pending`; the key and the last model at once."""
+        self._pending = state
+        self.key = PrivacyKey.from_state_dict(state["key"])
+        if state["last_arrays"] is not None:
+            self.last_arrays = ArrayRecord({k: Array(v) for k, v in zip(state["last_names"], state["last_arrays"])})
+
+    def _apply_pending(self) -> None:
+        state, self._pending = self._pending, None
+        assert state is not None and self.server is not None
+        if state["server"] is not None:
+            if state["server"]["params"].numel() != self.server.params.numel():
+                raise FedsimError("the checkpoint's model has another size than the broadcast model")
+            self.server.load_state_dict(state["server"])
+        self.census.load_state_dict(state["census"])
+
+    @property
+    def rounds_done(self) -> int:
+        """Rounds whose noise was added (and accounted)."""
+        if self.server is not None:
+            return self.server.round
+        return 0 if self._pending is None or self._pending["server"] is None else int(self._pending["server"]["round"])
+
+    def resume_arrays(self) -> ArrayRecord:
+        """The last model this wrapper published (restored by a resume): pass it to
+        ``start(initial_arrays=…)`` to continue where the run stopped."""
+        if self.last_arrays is None:
+            raise FedsimError("no round has been published yet; start from the app's initial model")
+        return self.last_arrays
+
+    @property
+    def epsilon(self) -> float:
+        """ε spent so far (0 before round 1)."""
+        return 0.0 if self.server is None else self.server.ledger.epsilon
+
+    # -- Flower's Strategy ----------------------------------------------------------------
+
+    def summary(self) -> None:
+        spec = self.spec
+        log(INFO, "\t├──> fedsim user-level DP (one node = one user):")
+        log(INFO, "\t│\t├── mechanism %s, z = %.4g, c = %g, K̄ = %g", spec.mechanism, spec.noise_multiplier,
+            self.cfg.client.clip_norm, spec.cohort_size)  # fmt: skip
+        log(INFO, "\t│\t├── scheme %s over N = %d, identity %s", spec.scheme, spec.population, self.census.source)
+        log(INFO, "\t│\t└── ε = %.4g at δ = %.3g after %d rounds, for %s", self.planned_epsilon(), spec.delta,
+            self.cfg.rounds, self.neighboring_relation)  # fmt: skip
+        if not self.side_statistics:
+            log(INFO, "\t│\t    (clients' metrics withheld and federated evaluation skipped: side_statistics=False)")
+        self.strategy.summary()
+
+    def _build(self, arrays: ArrayRecord) -> None:
+        self.layout = Layout.of(arrays)
+        flat = self.layout.flatten(arrays)
+        assert flat is not None  # a record always fits its own layout
+        x0 = torch.from_numpy(flat)
+        self._prep = replace(self._prep, x0=x0, num_params=int(x0.numel()))
+        self.server, _ = dp_server(self.cfg, self._prep, self.key, torch.device("cpu"), [])
+        if self._pending is not None:
+            self._apply_pending()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Ask the wrapped strategy for its train message, then send it to the nodes fedsim's
+        sampler picks for this round (none of the wrapped strategy's own choice)."""
+        if self.server is None:
+            self._build(arrays)
+        assert self.server is not None and self.layout is not None
+        t = self.server.round
+        if t >= self.cfg.rounds:
+            raise FedsimError(f"the guarantee covers {self.cfg.rounds} rounds, and all have run; rounds= sets more")
+        x_t = self.layout.flatten(arrays)
+        if x_t is None:
+            raise FedsimError("the wrapped strategy changed the model's layout between rounds")
+        inner = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        nodes = self.census.update(grid, list(grid.get_node_ids()), self.population)
+        ids = sorted(nodes)
+        sampler = make_sampler(self._prep.scheme, self.key.derive("sampling"), ids)
+        chosen = [nodes[ids[i]] for i in sampler.sample(t)]
+        content = inner[0].content if inner else RecordDict({"arrays": arrays, "config": config})
+        if self.clipping == "client":
+            content = _with_clip_norm(content, self.server.clip_norm)
+        messages = [
+            Message(content, dst_node_id=node, message_type=MessageType.TRAIN, group_id=str(server_round))
+            for node in chosen
+        ]
+        self._round_state = {"t": t, "messages": messages, "x_t": x_t, "arrays": arrays}
+        self.server.prefetch_noise()
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Clip, sum, add the noise row, divide by ``K̄``, filter and step; hand only that to the
+        wrapped strategy."""
+        st, self._round_state = self._round_state, {}
+        if not st or self.server is None or self.layout is None:
+            raise FedsimError("aggregate_train without configure_train: call Strategy.start, or both in order")
+        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in st["messages"]}
+        agg = UpdateAggregator(self.layout.dim, self.server.clip_norm)
+        screen_and_sum(replies, sent, self.layout, st["x_t"], agg)
+        self.server.params = torch.from_numpy(st["x_t"]).clone()
+        eps = self.server.step(agg.total, agg.accepted_users)
+        noised = self.layout.unflatten(self.server.params, st["arrays"])
+        self.last_arrays = noised
+        self._write()  # saved before it leaves the server
+        weight_key = str(getattr(self.strategy, "weighted_by_key", "num-examples"))
+        reply = Message(
+            RecordDict({"arrays": noised, "metrics": MetricRecord({weight_key: 1})}),
+            dst_node_id=0,
+            message_type=MessageType.TRAIN,
+            group_id=str(server_round),
+        )
+        arrays, _ = self.strategy.aggregate_train(server_round, [reply])
+        metrics = MetricRecord({"dp-epsilon": self.server.ledger.epsilon if eps is None else eps})
+        if self.side_statistics:
+            metrics["dp-accepted"] = agg.accepted_users
+            metrics["dp-server-clipped"] = agg.server_clipped
+            for reason, n in agg.drop_counts().items():
+                if n:
+                    metrics[f"dp-dropped-{reason}"] = n
+        if agg.server_clipped and self.clipping == "client" and self.side_statistics:
+            log(WARNING, "round %d: %d replies exceeded c although nodes clip", server_round, agg.server_clipped)
+        return arrays, metrics
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The wrapped strategy's federated evaluation with ``side_statistics``; none without."""
+        if not self.side_statistics:
+            return []
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        if not self.side_statistics:
+            return None
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+
+def _with_clip_norm(content: RecordDict, clip_norm: float) -> RecordDict:
+    """``content`` with ``fedsim.clip-norm`` added to its (one) config record."""
+    out = RecordDict()
+    for name, rec in content.items():
+        if isinstance(rec, ConfigRecord):
+            rec = ConfigRecord({**dict(rec), KEY_CLIP_NORM: float(clip_norm)})
+        out[name] = rec
+    if not content.config_records:
+        out["config"] = ConfigRecord({KEY_CLIP_NORM: float(clip_norm)})
+    return out
+
+
+def noise_std_of_mean(dp: UserLevelDP) -> float:
+    """``c·z·sens/K̄``: the per-coordinate std of the noise in one round's noised mean."""
+    if dp.server is None:
+        raise FedsimError("the noise scale is known once the model is (after the first configure_train)")
+    return float(dp.server.noise_std / dp.server.expected_cohort)
+
+
+__all__ = ["UserLevelDP", "noise_std_of_mean"]
