@@ -439,12 +439,16 @@ def evaluate_users(
     ``loss_sum``/``loss_count``, ``correct``/``count`` (the headline accuracy), ``examples`` and
     any dataset-specific ``<name>_correct``/``<name>_count`` pairs. A user whose evaluation raises
     or gives a non-finite sum is left out and counted in ``failed_users`` (isolation: one user's
-    data cannot turn the metrics into NaN)."""
+    data cannot turn the metrics into NaN). The counts every dataset sums start at 0, so workers
+    whose users hold no test samples reply with zeros (a valid reply that adds nothing), not with
+    a reply that lacks ``count`` and is taken for a failed one."""
     params = list(model.parameters())
     dev = params[0].device
     load_flat_(params, x.to(dev))
     model.eval()
-    sums: dict[str, float] = {"failed_users": 0.0}
+    sums: dict[str, float] = dict.fromkeys(
+        ("loss_sum", "loss_count", "correct", "count", "examples", "failed_users"), 0.0
+    )
     for u in users:
         mine: dict[str, float] = {}
         try:

@@ -12,7 +12,7 @@ from fedsim.data import subset as _subset
 from fedsim.data.shakespeare import UNK_ID, VOCAB_SIZE, decode, encode, parse_play
 from fedsim.models import make_model, num_parameters
 from fedsim.scheduling import assign_users
-from fedsim.training import LocalTraining, load_flat_, train_one_user, train_users
+from fedsim.training import LocalTraining, evaluate_users, load_flat_, train_one_user, train_users
 
 PLAY = """# The Tragedy of Testing
 
@@ -145,6 +145,23 @@ def test_user_update_independent_of_order_and_worker(shakespeare):
     torch.testing.assert_close(s1, s2a + s2b, rtol=1e-5, atol=1e-7)
     s3, _ = train_users(m1, x0, shakespeare, [1, 2, 3], 5, 7, SPEC)  # another round: other batches
     assert not torch.allclose(s1, s3)
+
+
+def test_users_without_test_samples_give_zero_counts_not_a_failed_reply():
+    """A worker whose evaluation users hold no test samples (the generated Stack Overflow folders
+    give every third user some) replies with the counts at 0: a reply without ``count`` would be
+    taken by the server for a failed evaluation reply, and mark a healthy round irregular."""
+
+    class NoTestSamples:
+        def test_samples(self, u, max_examples):
+            return torch.zeros(0, 3), torch.zeros(0, dtype=torch.long)
+
+        def eval_sums(self, out, y):
+            raise AssertionError("no batch to evaluate")
+
+    model = torch.nn.Linear(3, 4)
+    sums = evaluate_users(model, parameters_to_vector(model.parameters()).detach(), NoTestSamples(), [0, 1], None)
+    assert sums == dict.fromkeys(("loss_sum", "loss_count", "correct", "count", "examples", "failed_users"), 0.0)
 
 
 def test_load_flat_checks_length():

@@ -71,16 +71,19 @@ class Processes:
             self.stop(name)
 
 
-def kill_by_env(name: str, value: str) -> list[int]:
+def kill_by_env(name: str, value: str, spare_sessions: set[int] | frozenset[int] = frozenset()) -> list[int]:
     """SIGKILL every process of this user whose environment has ``name=value`` (a run's own
     FLWR_HOME, say): Flower's SuperExec starts the ServerApp and the simulation in processes that
-    leave the SuperLink's session, so killing the session does not reach them."""
+    leave the SuperLink's session, so killing the session does not reach them. Processes in the
+    sessions ``spare_sessions`` (session leaders' pids: SuperNodes that must live on) are left."""
     wanted = f"{name}={value}".encode()
     killed = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
+            if os.getsid(int(entry.name)) in spare_sessions:
+                continue
             if wanted in (entry / "environ").read_bytes().split(b"\0"):
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed.append(int(entry.name))

@@ -11,7 +11,6 @@ their ``partition-id`` now selects one).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.federation import flower_env
 from e2e.processes import Processes, free_port, kill_by_env, wait_healthy
 from fedsim.privacy.ledger import recompute_epsilon
 
@@ -32,22 +32,14 @@ SET = "rounds=2;eval.max_users=8;eval.max_examples_per_user=4;client.max_example
 
 @pytest.fixture
 def simulation_superlink(tmp_path):
-    home = tmp_path / "flwr_home"
-    home.mkdir()
+    env = flower_env(tmp_path)
+    home = Path(env["FLWR_HOME"])
     (tmp_path / "logs").mkdir()
     port = free_port()
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{port}"\ninsecure = true\n\n'
         f'[superlink.sim3]\naddress = "127.0.0.1:{port}"\ninsecure = true\noptions.num-supernodes = 3\n'
     )
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "OMP_NUM_THREADS": "1",
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
     procs = Processes(env, tmp_path / "logs")
     procs.start(
         "superlink",
