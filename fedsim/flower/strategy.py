@@ -157,6 +157,11 @@ class UserLevelDP(Strategy):
         self.cfg = _settings(rounds, population, clip_norm, privacy, sampling, filter, optimizer)
         if self.cfg.sampling.scheme == "fixed":
             raise FedsimError("sampling.scheme = 'fixed' needs exactly N nodes every round; use 'poisson'")
+        if self.cfg.filter.name == "disk" and getattr(self.cfg.filter, "mode", "") == "two_point":
+            raise FedsimError(
+                "filter disk with mode = 'two_point' needs every node to train twice (fedsim's own clients "
+                "do); use mode = 'lookahead' (nodes train once, from x_t + γ·d_{t−1}) or 'ema'"
+            )
         self.population, self.clipping, self.side_statistics = int(population), clipping, bool(side_statistics)
         self.census = Census(identity)
         self.key = PrivacyKey.generate() if key is None else PrivacyKey.from_seed(int(key))
@@ -322,13 +327,18 @@ class UserLevelDP(Strategy):
         sampler = make_sampler(self._prep.scheme, self.key.derive("sampling"), ids)
         chosen = [nodes[ids[i]] for i in sampler.sample(t)]
         content = inner[0].content if inner else RecordDict({"arrays": arrays, "config": config})
+        x_ref = x_t
+        if self.server.track_step:  # DiSK look-ahead: the nodes train from y_t = x_t + γ·d_{t−1}
+            assert self.server.last_step is not None
+            x_ref = (torch.from_numpy(x_t) + self.server.filter.gamma * self.server.last_step).numpy()
+            content = _with_arrays(content, self.layout.unflatten(x_ref, arrays))
         if self.clipping == "client":
             content = _with_clip_norm(content, self.server.clip_norm)
         messages = [
             Message(content, dst_node_id=node, message_type=MessageType.TRAIN, group_id=str(server_round))
             for node in chosen
         ]
-        self._round_state = {"t": t, "messages": messages, "x_t": x_t, "arrays": arrays}
+        self._round_state = {"t": t, "messages": messages, "x_t": x_t, "x_ref": x_ref, "arrays": arrays}
         self.server.prefetch_noise()
         return messages
 
@@ -342,7 +352,7 @@ class UserLevelDP(Strategy):
             raise FedsimError("aggregate_train without configure_train: call Strategy.start, or both in order")
         sent = {m.metadata.message_id: m.metadata.dst_node_id for m in st["messages"]}
         agg = UpdateAggregator(self.layout.dim, self.server.clip_norm)
-        screen_and_sum(replies, sent, self.layout, st["x_t"], agg)
+        screen_and_sum(replies, sent, self.layout, st["x_ref"], agg)  # Δ_i from the model the nodes got
         self.server.params = torch.from_numpy(st["x_t"]).clone()
         eps = self.server.step(agg.total, agg.accepted_users)
         noised = self.layout.unflatten(self.server.params, st["arrays"])
@@ -379,6 +389,14 @@ class UserLevelDP(Strategy):
         if not self.side_statistics:
             return None
         return self.strategy.aggregate_evaluate(server_round, replies)
+
+
+def _with_arrays(content: RecordDict, model: ArrayRecord) -> RecordDict:
+    """``content`` with its (one) model record replaced by ``model``."""
+    out = RecordDict()
+    for name, rec in content.items():
+        out[name] = model if isinstance(rec, ArrayRecord) else rec
+    return out
 
 
 def _with_clip_norm(content: RecordDict, clip_norm: float) -> RecordDict:

@@ -94,3 +94,33 @@ def test_flwr_run_of_the_quickstart_app_with_mf_dp(superlink, clipping):
     assert recompute_epsilon(ledger) == pytest.approx(expected["epsilon"], rel=1e-12)
     assert ledger["spec"]["noise_multiplier"] == pytest.approx(expected["noise_multiplier"], rel=1e-12)
     assert "fedsim user-level DP" in log and "ServerApp-side Evaluate Metrics" in log
+
+
+@pytest.mark.slow
+@pytest.mark.deployment
+def test_the_quickstart_app_on_a_tls_deployment(tmp_path):
+    """The same app on a Deployment Engine: a TLS SuperLink with SuperNode authentication and
+    three registered SuperNodes (``partition-id`` i of 3 in their node config), client-side
+    clipping through the mod; the ledger's ε equals ``fedsim privacy``."""
+    from e2e.federation import CONN, Federation
+
+    fed = Federation(tmp_path, nodes=3)
+    try:
+        fed.start_superlink()
+        for i in range(3):
+            fed.register(i)
+            args = fed.node_args(i, tmp_path)
+            args[args.index("--node-config") + 1] = f"partition-id={i} num-partitions=3"  # Flower's keys
+            fed.procs.start(f"node-{i}", fed.supernode_cmd(args), tmp_path / f"node-{i}")
+        fed.wait_online(3)
+        out = tmp_path / "dp-run"
+        run = fed.flwr("run", str(APP), CONN, "--stream", "--run-config",
+                       f'num-server-rounds=6 dp-out="{out}" dp-clipping="client"', timeout=900)  # fmt: skip
+        log = run.stdout + run.stderr
+        run_id = re.search(r"Successfully started run (\d+)", log).group(1)
+        assert fed.status(run_id) == "finished:completed", log[-6000:]
+    finally:
+        fed.close()
+    ledger = json.loads((out / "ledger.json").read_text())
+    assert [e["round"] for e in ledger["entries"]] == [1, 2, 3, 4, 5, 6]
+    assert recompute_epsilon(ledger) == pytest.approx(_fedsim_privacy()["epsilon"], rel=1e-12)

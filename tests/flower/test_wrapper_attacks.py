@@ -257,3 +257,63 @@ def test_the_noise_added_has_the_mechanisms_variance_and_correlation():
     assert z[np.tril_indices(n)].max() < 4.5, np.round(z, 2)
     independent = np.diag(np.diag(sigma))
     assert (np.abs(est - independent) / se).max() > 10  # the correlation is detectable
+
+
+@pytest.mark.parametrize(
+    "stage",
+    [
+        {"filter": {"name": "doppler"}},
+        {"filter": {"name": "ema"}, "optimizer": {"optimizer": "adambc", "lr": 0.01}},
+        {"filter": {"name": "disk", "mode": "lookahead"}},
+    ],
+    ids=["doppler", "ema+adambc", "disk-lookahead"],
+)
+def test_filter_and_optimizer_stages_are_post_processing(stage):
+    """The same noise and sampling with a filter / DP-AdamBC between the noise and FedAvg: the
+    model differs, ε does not (the ledger is the noise's, whatever follows it)."""
+    kw = dict(privacy={"mechanism": "blt", "noise_multiplier": 1.0}, sampling={"scheme": "min_sep", "min_sep": 2},
+              rounds=3, population=8)  # fmt: skip
+    app = _client(lambda p, w: 0.1 * _direction())
+    plain = _dp(**kw)
+    _, a = _run(plain, app, nodes=4, rounds=3)
+    staged = _dp(**kw, **stage)
+    _, b = _run(staged, app, nodes=4, rounds=3)
+    assert not np.array_equal(a[3], b[3])
+    assert staged.server.ledger.to_json()["entries"] == plain.server.ledger.to_json()["entries"]
+    assert staged.epsilon == plain.epsilon > 0
+
+
+def test_disk_lookahead_sends_the_nodes_the_look_ahead_point():
+    """Round 2's nodes get ``y = x_1 + γ·(x_1 − x_0)``, not ``x_1``, and their updates are taken
+    from ``y``."""
+    got: dict[int, np.ndarray] = {}
+    app = ClientApp(mods=[user_dp_mod])
+
+    @app.train()
+    def train(msg, context):
+        w = msg.content["arrays"]["w"].numpy()
+        got[int(msg.content["config"]["server-round"])] = w.copy()
+        new = ArrayRecord({"w": Array((w + 0.1 * _direction()).astype(np.float32)), "step": msg.content["arrays"]["step"]})
+        return Message(RecordDict({"arrays": new, "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    dp = _dp(filter={"name": "disk", "mode": "lookahead"})
+    _, seen = _run(dp, app, nodes=2, rounds=2)  # FedAvg waits for min_train_nodes = 2
+    gamma = dp.server.filter.gamma
+    x0, x1 = seen[0].reshape(-1, 4), seen[1].reshape(-1, 4)
+    assert np.allclose(got[2], x1 + gamma * (x1 - x0), atol=1e-6) and np.allclose(got[1], x0)
+    assert not np.allclose(got[2], x1)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"sampling": {"scheme": "fixed", "cohort_size": 2}}, "fixed"),
+        ({"filter": {"name": "disk"}}, "two_point"),
+        ({"privacy": {"mechanism": "blt", "noise_multiplier": 1.0}, "sampling": {"scheme": "poisson"}}, "bounded participation"),
+        ({"identity": "ip-address"}, "identity must be"),
+        ({"privacy": {"mechanism": "gaussian", "noise_multiplier": 1.0, "population": 9}}, "population once"),
+    ],
+)
+def test_combinations_without_a_guarantee_are_refused_before_round_1(kw, match):
+    with pytest.raises(FedsimError, match=match):
+        _dp(**kw)
