@@ -293,7 +293,9 @@ def test_disk_lookahead_sends_the_nodes_the_look_ahead_point():
     def train(msg, context):
         w = msg.content["arrays"]["w"].numpy()
         got[int(msg.content["config"]["server-round"])] = w.copy()
-        new = ArrayRecord({"w": Array((w + 0.1 * _direction()).astype(np.float32)), "step": msg.content["arrays"]["step"]})
+        new = ArrayRecord(
+            {"w": Array((w + 0.1 * _direction()).astype(np.float32)), "step": msg.content["arrays"]["step"]}
+        )
         return Message(RecordDict({"arrays": new, "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
 
     dp = _dp(filter={"name": "disk", "mode": "lookahead"})
@@ -309,7 +311,10 @@ def test_disk_lookahead_sends_the_nodes_the_look_ahead_point():
     [
         ({"sampling": {"scheme": "fixed", "cohort_size": 2}}, "fixed"),
         ({"filter": {"name": "disk"}}, "two_point"),
-        ({"privacy": {"mechanism": "blt", "noise_multiplier": 1.0}, "sampling": {"scheme": "poisson"}}, "bounded participation"),
+        (
+            {"privacy": {"mechanism": "blt", "noise_multiplier": 1.0}, "sampling": {"scheme": "poisson"}},
+            "bounded participation",
+        ),
         ({"identity": "ip-address"}, "identity must be"),
         ({"privacy": {"mechanism": "gaussian", "noise_multiplier": 1.0, "population": 9}}, "population once"),
     ],
