@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -29,16 +31,22 @@ BIN = Path(sys.executable).parent
 CONN = "fedsim-test"
 
 
+def remove_ray_tmp(env: dict[str, str]) -> None:
+    shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+
+
 def flower_env(tmp: Path) -> dict[str, str]:
     """The environment of every Flower process: its own ``FLWR_HOME`` and temp folders, no
-    telemetry or update check, one thread per process, no network for Hugging Face."""
-    home, ray = tmp / "flwr_home", tmp / "ray"
+    telemetry or update check, one thread per process, no network for Hugging Face. Ray's temp
+    folder is a short one under the system's (Ray's socket paths must stay under 108 bytes);
+    remove it with :func:`remove_ray_tmp`."""
+    home = tmp / "flwr_home"
     home.mkdir(parents=True, exist_ok=True)
-    ray.mkdir(parents=True, exist_ok=True)
+    ray = tempfile.mkdtemp(prefix="fedsim-ray-")
     return {
         **os.environ,
         "FLWR_HOME": str(home),
-        "RAY_TMPDIR": str(ray),
+        "RAY_TMPDIR": ray,
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "OMP_NUM_THREADS": "1",
@@ -207,6 +215,7 @@ class Federation:
             self.supervisor.stop()
         self.procs.stop_all()
         kill_by_env("FLWR_HOME", self.env["FLWR_HOME"])
+        remove_ray_tmp(self.env)
         for port in self.ports:
             deadline = time.monotonic() + 20
             while not port_free(port) and time.monotonic() < deadline:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.federation import flower_env
+from e2e.federation import flower_env, remove_ray_tmp
 from e2e.processes import Processes, free_port, kill_by_env, wait_healthy
 from fedsim.privacy.ledger import recompute_epsilon
 
@@ -61,6 +61,7 @@ def simulation_superlink(tmp_path):
     finally:
         procs.stop_all()
         kill_by_env("FLWR_HOME", str(home))  # the ServerApp and simulation processes leave its session
+        remove_ray_tmp(env)
 
 
 def _flwr(env, *args, timeout=600.0):
