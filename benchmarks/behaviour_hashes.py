@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the default experiment for 20 rounds only")
     args = ap.parse_args()
     from fedsim.config import DEFAULT_EXPERIMENT, load_config
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     result = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     real = 2
     b = args.rounds  # one participation each: b = n groups of ⌊N/b⌋ users

@@ -50,7 +50,7 @@ def _one(kind: str, rounds: int, nodes: int) -> tuple[float, float]:
     from pytorchexample.task import Net
 
     from fedsim.flower import UserLevelDP
-    from fedsim.run.inprocess import InProcessGrid, task_identity
+    from fedsim.runner.inprocess import InProcessGrid, task_identity
 
     fedavg = FedAvg(fraction_evaluate=0.0, min_available_nodes=nodes)
     if kind == "flower":

@@ -40,7 +40,7 @@ def measure(device: str, rounds: int, reps: int) -> dict:
     import fedsim.training as training
     from fedsim.config import load_config
     from fedsim.data.stackoverflow.synthetic import generate
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     real = training.prepare_next
     per: dict[str, list[float]] = {"ahead": [], "plain": []}

@@ -5,7 +5,7 @@ per round, fixed cohorts, Gaussian noise) for ``--rounds`` rounds, over client l
 seeds (4 × 3 × 3 = 36 trials by default). Two ways to run it, timed in the same script:
 
 - ``sequential``: one ``fedsim run`` command per trial, one after another, each with exactly the
-  overrides the sweep gives that trial (``fedsim.run.sweep.trials``, plus the sweep's own
+  overrides the sweep gives that trial (``fedsim.runner.sweep.trials``, plus the sweep's own
   per-trial defaults: one worker, the in-process engine);
 - ``sweep``: ``fedsim sweep SPEC`` (Ray Tune; every trial asks for ``sim.client_cpus`` = 1 CPU,
   so Tune runs as many at once as the machine has cores, and reuses its workers' imports).
@@ -56,7 +56,7 @@ def _fedsim() -> list[str]:
 
 def sequential(out: Path, items: list[dict], env: dict[str, str]) -> float:
     """Every trial as its own ``fedsim run`` command, one after another; wall seconds."""
-    from fedsim.run.sweep import TRIAL_DEFAULTS, TRIAL_ENGINE
+    from fedsim.runner.sweep import TRIAL_DEFAULTS, TRIAL_ENGINE
 
     t0 = time.perf_counter()
     for t in items:
@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="a 2 × 1 × 2 = 4-trial grid (a smoke test)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from fedsim.run.sweep import load_spec, trials
+    from fedsim.runner.sweep import load_spec, trials
 
     axes, seeds = ({"client.lr": [0.1, 0.2], "server.lr": [1.0]}, [0, 1]) if args.small else (AXES, SEEDS)
     rows = []

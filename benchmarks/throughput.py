@@ -238,7 +238,7 @@ FEDSIM = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 from fedsim.config import load_config
-from fedsim.run import run_experiment
+from fedsim.runner import run_experiment
 cfg = load_config(None, json.loads(sys.argv[1]))
 s = run_experiment(cfg, sys.argv[2], progress=False)
 rows = [json.loads(l) for l in open(sys.argv[2] + "/metrics.jsonl")]

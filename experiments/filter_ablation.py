@@ -42,7 +42,7 @@ def table(out: Path) -> tuple[dict[str, dict], list[str]]:
     seed's accuracy at that step (from the sweep's run folders that ran as planned: each trial's
     ledger holds its arm's planned accounting spec); and the trial folders left out (another
     spec, or no trial of this sweep)."""
-    from fedsim.run.sweep import finished_as_planned
+    from fedsim.runner.sweep import finished_as_planned
 
     finished, left_out = finished_as_planned(out, HERE / "sweeps" / "filter_ablation.toml")
     acc: dict[str, dict[float, dict[int, float]]] = {}
@@ -70,7 +70,7 @@ def table(out: Path) -> tuple[dict[str, dict], list[str]]:
 def is_started(out: Path) -> bool:
     """Whether ``out`` already holds this sweep, to be resumed: ``run_sweep`` refuses to start a new
     one where ``plan.json`` (written before Ray starts), ``tune/`` or ``trials/`` exists."""
-    from fedsim.run.sweep import PLAN_FILE
+    from fedsim.runner.sweep import PLAN_FILE
 
     return any((out / part).exists() for part in (PLAN_FILE, "tune", "trials"))
 
@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--table", action="store_true", help="only print the table of the finished runs")
     args = ap.parse_args()
     if not args.table:
-        from fedsim.run.sweep import run_sweep
+        from fedsim.runner.sweep import run_sweep
 
         resume = is_started(args.out)
         run_sweep(HERE / "sweeps" / "filter_ablation.toml", args.out, resume=resume, only=args.only)

@@ -35,7 +35,7 @@ def markdown_table(out: Path) -> str:
     check of every sweep table: each trial's ledger holds its arm's planned accounting spec; any
     other trial folder is left out and named under the table), checking that each run's ε (its
     ledger's last entry, copied into ``summary.json``) is the target."""
-    from fedsim.run.sweep import finished_as_planned
+    from fedsim.runner.sweep import finished_as_planned
 
     finished, left_out = finished_as_planned(out, HERE / "sweeps" / "mechanism_grid.toml")
     rows: dict[tuple[str, float], dict[int, dict]] = {}
@@ -73,7 +73,7 @@ def markdown_table(out: Path) -> str:
 def is_started(out: Path) -> bool:
     """Whether ``out`` already holds this sweep, to be resumed: ``run_sweep`` refuses to start a new
     one where ``plan.json`` (written before Ray starts), ``tune/`` or ``trials/`` exists."""
-    from fedsim.run.sweep import PLAN_FILE
+    from fedsim.runner.sweep import PLAN_FILE
 
     return any((out / part).exists() for part in (PLAN_FILE, "tune", "trials"))
 
@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--table", action="store_true", help="only print the markdown table of the finished runs")
     args = ap.parse_args()
     if not args.table:
-        from fedsim.run.sweep import run_sweep
+        from fedsim.runner.sweep import run_sweep
 
         resume = is_started(args.out)
         run_sweep(HERE / "sweeps" / "mechanism_grid.toml", args.out, resume=resume, only=args.only)

@@ -1,5 +1,9 @@
 """fedsim: a federated-learning simulator for user-level differential privacy.
 
+The public API is ``fedsim.__all__`` (defined in :mod:`fedsim.api`): ``load_config``, ``run``,
+``privacy_report``, ``sweep``, ``audit`` and the ``register_*`` functions; for Flower apps,
+:mod:`fedsim.flower`. Every other module is internal and may move between versions.
+
 Everything here is importable without a running Flower process. The Flower glue is
 ``fedsim.strategies`` (server side) and ``fedsim.clients`` (client side). In the source tree and
 in a Flower app bundle (``flwr run .``) those two packages are the top-level folders
@@ -52,4 +56,28 @@ def _version() -> str:
 
 
 __version__ = _version()
-__all__ = ["FedsimError", "__version__"]
+
+#: The public Python API (:mod:`fedsim.api`), imported on first use so that ``import fedsim``
+#: stays light (no torch, Flower or Ray until a function is called). Everything else may move.
+_API = (
+    "RunResult",
+    "audit",
+    "load_config",
+    "privacy_report",
+    "register_dataset",
+    "register_filter",
+    "register_mechanism",
+    "register_model",
+    "register_optimizer",
+    "run",
+    "sweep",
+)
+__all__ = ["FedsimError", "__version__", *_API]
+
+
+def __getattr__(name: str) -> object:
+    if name in _API:
+        from fedsim import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'fedsim' has no attribute {name!r}")

@@ -50,7 +50,11 @@ def _root(
 
 
 def load_config(path: Path | str | None = None, overrides: list[str] | None = None) -> Any:
-    """:func:`fedsim.config.load_config`, imported when a command needs it."""
+    """:func:`fedsim.config.load_config`, imported when a command needs it (after the plugins
+    the file lists: they register parts the config may name)."""
+    from fedsim import plugins
+
+    plugins.of_file(path)
     from fedsim.config import load_config as _load
 
     return _load(path, overrides)
@@ -141,10 +145,15 @@ def run(
     130 or 143; resume with --resume DIR); a second Ctrl-C quits at once.
     """
     _offline_env()
-    from fedsim.run import run_experiment
+    from fedsim import plugins
+
+    # the plugins the config (or the resumed run) lists register their parts before anything
+    # builds the config schema
+    plugins.of_file(resume / "config.toml" if resume is not None else config)
+    from fedsim.runner import run_experiment
 
     if resume is not None:
-        from fedsim.run.resume import resume_config
+        from fedsim.runner.resume import resume_config
 
         if out is not None:
             raise FedsimError("--resume DIR writes into DIR; drop --out")
@@ -196,11 +205,11 @@ def privacy(
         cfg = load_config(config, set_ or [])
     else:
         cfg = _load_with_target(config, set_ or [], target_epsilon)
-    from fedsim.run import privacy_report
+    from fedsim.runner import privacy_report
 
     if population is None:
         from fedsim.data import load_federated
-        from fedsim.run import note_max_users
+        from fedsim.runner import note_max_users
 
         population = load_federated(cfg.data).population
         note_max_users(cfg, population)
@@ -744,7 +753,7 @@ def audit(
         return
     if len(attacks) > 1:
         raise FedsimError("--attack gradient runs alone; run the text attacks (canary, user-inference) separately")
-    from fedsim.audit import run_audit
+    from fedsim.runner.audit import run_audit
 
     rep = run_audit(
         cfg, out, 1000 if canaries is None else canaries, null_model=null, alpha=alpha, progress=not as_json
@@ -792,7 +801,7 @@ def _text_audit_options(
     held_out: int,
 ) -> Any:
     """The text audit's options from the command line."""
-    from fedsim.run.text_audit import TextAuditOptions
+    from fedsim.runner.text_audit import TextAuditOptions
 
     try:
         reps = tuple(int(r) for r in repetitions.split(","))
@@ -818,7 +827,7 @@ def _text_audit_options(
 def _text_audit(cfg: Any, out: Path | None, opts: Any, as_json: bool) -> None:
     """``fedsim audit --attack canary|user-inference``."""
     from fedsim.audit_report import format_text_audit
-    from fedsim.run.text_audit import run_text_audit
+    from fedsim.runner.text_audit import run_text_audit
 
     rep = run_text_audit(cfg, out, opts, progress=not as_json)
     typer.echo(json.dumps(rep) if as_json else format_text_audit(rep))
@@ -866,7 +875,10 @@ def sweep(
     `fedsim report SWEEP_DIR` draws it.
     """
     _offline_env()
-    from fedsim.run.sweep import json_safe, markdown_table, run_sweep
+    from fedsim import plugins
+
+    plugins.of_sweep(spec, resume)
+    from fedsim.runner.sweep import json_safe, markdown_table, run_sweep
 
     if resume is not None and out is not None:
         raise FedsimError("--resume DIR finishes the sweep in DIR; drop --out")

@@ -29,13 +29,17 @@ from pydantic import (
     model_validator,
 )
 
-from fedsim.data.registry import DATASETS, DataOptions, data_spec
-from fedsim.errors import FedsimError
-from fedsim.filters.base import FILTERS, FilterOptions
-from fedsim.models import MODELS
-from fedsim.optim import OPTIMIZERS, OptimizerOptions
-from fedsim.privacy.mechanisms.base import MechanismOptions
-from fedsim.privacy.mechanisms.registry import MECHANISMS
+from fedsim import plugins as _plugins
+
+_plugins.load_startup()  # $FEDSIM_PLUGINS and installed plugins register before the schema is built
+
+from fedsim.data.registry import DATASETS, DataOptions, data_spec  # noqa: E402
+from fedsim.errors import FedsimError  # noqa: E402
+from fedsim.filters.base import FILTERS, FilterOptions  # noqa: E402
+from fedsim.models import MODELS  # noqa: E402
+from fedsim.optim import OPTIMIZERS, OptimizerOptions  # noqa: E402
+from fedsim.privacy.mechanisms.base import MechanismOptions  # noqa: E402
+from fedsim.privacy.mechanisms.registry import MECHANISMS  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -542,6 +546,9 @@ class Config(_Section):
     """A whole experiment. See each section's docstring for its keys."""
 
     name: str = Field(default="experiment", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
+    #: user code that registers parts (module names or .py paths, :mod:`fedsim.plugins`); loaded
+    #: before the config is validated, recorded absolute, and loaded again by a resume
+    plugins: list[str] | None = None
     seed: int = Field(default=0, ge=0, lt=2**63)
     rounds: int = Field(default=100, ge=1, le=1_000_000)
     data: DataConfig = Field(default_factory=lambda: data_spec("shakespeare"))
@@ -569,6 +576,13 @@ class Config(_Section):
         if isinstance(value, dict) and which not in value:
             return {which: default, **value}
         return value
+
+    @field_validator("plugins")
+    @classmethod
+    def _plugins_loaded(cls, value: list[str] | None) -> list[str] | None:
+        """Every plugin imported (those the entry points read first are already; a new one here
+        can register nothing once the schema is built, and says so)."""
+        return None if value is None else _plugins.load(value, "the config's plugins")
 
     @model_validator(mode="after")
     def _model_fits_data(self) -> Config:
@@ -852,7 +866,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Load a config from TOML (default: the bundled default experiment) and apply
     ``--set`` overrides. Raises :class:`FedsimError` naming every bad key."""
     p = resolve_experiment(path) if path is not None else DEFAULT_EXPERIMENT
-    raw = read_config_file(p)
+    raw = _plugins.relative_to(read_config_file(p), p.resolve().parent)
     if not raw and path is not None:
         raise FedsimError(
             f"config file {p} is empty; give the experiment's keys, or omit CONFIG to run the "
@@ -899,3 +913,7 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
         return Config.model_validate(raw)
     except ValidationError as e:
         raise FedsimError(_format_validation_error(e)) from None
+
+
+for _registry in (MODELS, DATASETS, FILTERS, OPTIMIZERS, MECHANISMS):
+    _registry.freeze()  # the choices above are built: a later registration could not be named

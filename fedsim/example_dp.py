@@ -229,7 +229,7 @@ class SiloLedger:
 
     def count_at_least(self, trainings: dict[int, int]) -> None:
         """Raise each silo's participations to at least ``trainings[silo]`` (the release log's
-        count, :class:`fedsim.run.releases.ReleaseLog`, which a resume cannot roll back)."""
+        count, :class:`fedsim.runner.releases.ReleaseLog`, which a resume cannot roll back)."""
         for s, n in trainings.items():
             k = max(self.participations.get(int(s), 0), int(n))
             if k and k != self.participations.get(int(s)):

@@ -39,13 +39,27 @@ class Registry(dict[str, T]):
         super().__init__()
         self.kind = kind
         self.key = key
+        #: set once the config's schema is built from this registry (:meth:`freeze`)
+        self.frozen = False
+
+    def freeze(self) -> None:
+        """The config's choices were built from this registry: a later part could not be named
+        in a config, so :meth:`add` refuses it from now on (with a message saying when to
+        register instead)."""
+        self.frozen = True
 
     def add(self, name: str, part: T, options: type[BaseModel] | None = None) -> T:
         """Register ``part`` as ``name`` (a name can be registered once). ``options``: the part's
         options model, whose choosing key (the last part of :attr:`key`) must default to ``name``
         (it is the ``Literal`` the config's union is discriminated by)."""
         if name in self:
-            raise ValueError(f"{self.kind} {name!r} is registered twice")
+            raise FedsimError(f"{self.kind} {name!r} is registered twice; choose another name")
+        if self.frozen:
+            raise FedsimError(
+                f"{self.kind} {name!r} is registered after the config schema was built (fedsim.config was "
+                f"imported, e.g. by a loaded config); register parts first: import your module before "
+                f"loading any config"
+            )
         field = self.key.rsplit(".", 1)[-1]
         if options is not None and (field not in options.model_fields or options.model_fields[field].default != name):
             raise ValueError(f"{options.__name__}.{field} must be Literal[{name!r}] with default {name!r}")
@@ -54,6 +68,10 @@ class Registry(dict[str, T]):
 
     def get_part(self, name: str) -> T:
         """The part registered as ``name``; a :class:`FedsimError` listing the names otherwise."""
+        if name not in self:  # a process that has not read a config yet (a Ray worker): its plugins
+            from fedsim.plugins import load_startup
+
+            load_startup()
         try:
             return self[name]
         except KeyError:

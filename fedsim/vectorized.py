@@ -23,7 +23,7 @@ products and gates, which ``vmap`` batches; the fused kernel does not batch). Th
 measured slower than the fused kernel user by user, on the CPU and on an H200 GPU (where the
 step-by-step LSTM's hundreds of small kernels per sequence cost more than each user's fused step
 replayed from a CUDA graph: W1 0.395× the GPU floor batched, 0.301× user by user), so ``sim.vectorize = 'auto'`` trains recurrent models user by user and ``'on'``
-batches them (:func:`fedsim.run.resolve_vectorize`). Other recurrent layers (Opacus's ``DPLSTM``, GRUs) are
+batches them (:func:`fedsim.runner.resolve_vectorize`). Other recurrent layers (Opacus's ``DPLSTM``, GRUs) are
 not vectorized; neither are DiSK's two-point evaluation, error feedback or example-level DP,
 which keep their sequential paths.
 """
@@ -56,7 +56,7 @@ STACKED_FLOATS = CHUNK * MAX_PARAMS
 def vectorizable(model: nn.Module) -> bool:
     """Whether ``model`` can be trained under ``vmap``: its only recurrent layers are
     ``nn.LSTM`` s that :class:`~fedsim.models.stepwise_lstm.StepwiseLSTM` covers. (Whether it
-    pays off is :func:`fedsim.run.resolve_vectorize`'s question.)"""
+    pays off is :func:`fedsim.runner.resolve_vectorize`'s question.)"""
     for m in model.modules():
         if isinstance(m, nn.LSTM) and supported(m):
             continue

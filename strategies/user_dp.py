@@ -153,7 +153,7 @@ class UserLevelDPStrategy(Strategy):
     on_round_end : called with (metrics row, strategy) after every round (metrics file,
         checkpoint, progress line).
     synthetic : optional simulated users with ids ``≥ synthetic.first_id`` (e.g. the privacy
-        audit's canaries, :mod:`fedsim.audit`): the sampler draws them like everyone else; no
+        audit's canaries, :mod:`fedsim.runner.audit`): the sampler draws them like everyone else; no
         message is sent for them; ``synthetic.update_sum(user_ids, t, clip_norm, dim)`` gives
         the sum of their (already clipped) updates, which passes the same guard as a reply.
     stop : an event set by the first SIGINT/SIGTERM: the round in flight is abandoned before
@@ -229,7 +229,7 @@ class UserLevelDPStrategy(Strategy):
         #: doubling up to ``pull_interval`` (a reply close behind another is collected within ms).
         self.pull_interval, self.pull_interval_min = 0.05, 0.001
         #: called right after each push (the simulation engine then scans for the messages at
-        #: once; :func:`fedsim.run.dispatch.prompt_exchange`); None: nothing to tell.
+        #: once; :func:`fedsim.runner.dispatch.prompt_exchange`); None: nothing to tell.
         self.after_push: Callable[[], None] | None = None
         #: set by the engine whenever a reply is stored; while one is given, the wait for
         #: replies ends on it (``pull_interval`` at most) instead of sleeping. None: poll.

@@ -81,7 +81,7 @@ def test_tune_allocator_reports_success_and_is_idempotent():
 _RUN = r"""
 import json, sys
 from fedsim.config import load_config
-from fedsim.run import run_experiment
+from fedsim.runner import run_experiment
 cfg = load_config(None, json.loads(sys.argv[1]))
 print(json.dumps(run_experiment(cfg, sys.argv[2], progress=False)["model_sha256"]))
 """

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from fedsim.config import config_from_dict
 from fedsim.errors import FedsimError
-from fedsim.run import privacy_report
+from fedsim.runner import privacy_report
 
 FUZZ = settings(
     max_examples=40,

@@ -13,17 +13,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fedsim", "strategies", "clients")
 #: the runner layer: builds runs from configs and drives engines; only it (and the CLI) may import
 #: strategies/ and clients/, and only it may import itself.
-RUNNER_PACKAGE = "fedsim.run"
+RUNNER_PACKAGE = "fedsim.runner"
 #: the Flower wrapper (:mod:`fedsim.flower`) builds its DP step with the runner's builder, so it is
 #: runner layer too: Flower glue for other people's apps.
 RUNNER_PACKAGES = (RUNNER_PACKAGE, "fedsim.flower")
-RUNNER = ("fedsim.audit", "fedsim.cli", "fedsim.deploy.runconfig", "fedsim.deploy.serverapp")
+RUNNER = ("fedsim.api", "fedsim.cli", "fedsim.deploy.runconfig", "fedsim.deploy.serverapp")
 #: Flower glue inside fedsim/ (typed record reads): may import Flower, not the runner.
 FLOWER_GLUE = ("fedsim.records",)
 
 
 def in_runner(module: str) -> bool:
-    """Whether ``module`` belongs to the runner layer (the ``fedsim.run`` package or a runner module)."""
+    """Whether ``module`` belongs to the runner layer (the ``fedsim.runner`` package or a runner module)."""
     return module in RUNNER or any(module == p or module.startswith(p + ".") for p in RUNNER_PACKAGES)
 
 

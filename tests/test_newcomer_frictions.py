@@ -36,7 +36,7 @@ def _sets(items):
 
 
 def test_a_typo_in_a_sweep_metric_is_refused_with_the_likely_name(tmp_path):
-    from fedsim.run.sweep import load_spec
+    from fedsim.runner.sweep import load_spec
 
     spec = tmp_path / "spec.toml"
     spec.write_text('[sweep]\nmetric = "final_eval_acuracy"\n')
@@ -45,7 +45,7 @@ def test_a_typo_in_a_sweep_metric_is_refused_with_the_likely_name(tmp_path):
 
 
 def test_sweep_set_overrides_every_trial_after_the_spec(tmp_path):
-    from fedsim.run.sweep import load_spec
+    from fedsim.runner.sweep import load_spec
 
     spec = tmp_path / "spec.toml"
     spec.write_text('[sweep]\nset = ["rounds=10"]\n')
@@ -63,7 +63,7 @@ def test_data_synth_refuses_a_folder_that_is_not_empty(tmp_path, capsys):
 
 
 def test_an_invalid_force_key_is_refused_even_when_nothing_changed():
-    from fedsim.run.resume import check_resume
+    from fedsim.runner.resume import check_resume
 
     cfg = load_config(None, SMALL)
     for key, why in (
@@ -77,7 +77,7 @@ def test_an_invalid_force_key_is_refused_even_when_nothing_changed():
 def test_resuming_with_another_experiment_names_the_key_that_cannot_change_first():
     """Another experiment's config differs in `name` (forceable) and in keys that never change:
     the message names one of those, not `--force name`, which would only lead to a second refusal."""
-    from fedsim.run.resume import check_resume
+    from fedsim.runner.resume import check_resume
 
     stored = load_config(None, SMALL + ["name='mine'"])
     other = load_config(None, SMALL + ["name='theirs'", "privacy.noise_multiplier=2.0"])
@@ -92,8 +92,8 @@ def test_audit_lists_every_attack_it_knows(capsys):
 
 
 def test_a_folder_with_rows_and_no_checkpoint_gets_one_consistent_advice(tmp_path):
-    from fedsim.run import run_experiment
-    from fedsim.run.resume import load_stored_config
+    from fedsim.runner import run_experiment
+    from fedsim.runner.resume import load_stored_config
 
     out = tmp_path / "run"
     out.mkdir()
@@ -122,7 +122,7 @@ def test_privacy_reports_the_factorization_s_sensitivity(capsys):
 
 
 def test_the_progress_line_says_mf_noise_is_accounted_for_the_whole_run(tmp_path, capsys):
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     cfg = load_config(
         None,
@@ -154,7 +154,7 @@ def test_far_more_ray_workers_than_cpus_is_refused_before_anything_starts():
     """--set sim.num_workers=1000 on 2 CPUs never finished round 1 (Ray was told it had 1000 CPUs)."""
     import os
 
-    from fedsim.run.build import MAX_WORKERS_PER_CPU, num_workers
+    from fedsim.runner.build import MAX_WORKERS_PER_CPU, num_workers
 
     cpus = len(os.sched_getaffinity(0))
     too_many = MAX_WORKERS_PER_CPU * cpus + 1

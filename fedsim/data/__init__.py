@@ -22,7 +22,7 @@ import functools
 # isort: off
 from fedsim.data import shakespeare, leaf_shakespeare  # noqa: F401
 from fedsim.data.stackoverflow import dataset as _stackoverflow  # noqa: F401
-from fedsim.data import images, synthetic  # noqa: F401
+from fedsim.data import images, synthetic, table  # noqa: F401
 
 # isort: on
 from fedsim.data.base import FederatedData, Population

@@ -36,7 +36,7 @@ from typing import Any
 from fedsim.config import Config, load_config
 from fedsim.errors import FedsimError
 from fedsim.privacy.rng import PrivacyKey
-from fedsim.run.build import Deployment
+from fedsim.runner.build import Deployment
 
 DEFAULT_CONFIG = "experiments/shakespeare_default.toml"
 
@@ -75,7 +75,7 @@ def _resume(run_config: dict[str, Any], overrides: list[str]) -> tuple[bool, Con
         return False, None
     if not out:
         raise FedsimError("run config: resume = true needs out-dir, the folder of the run to continue")
-    from fedsim.run.resume import resume_config
+    from fedsim.runner.resume import resume_config
 
     return True, resume_config(Path(out), None, overrides, _items(run_config.get("force")))
 
@@ -115,7 +115,7 @@ def run_deployment(grid: Any, run_config: dict[str, Any], app_dir: Path | None =
     """The deployed ServerApp's main: wait for the nodes, take the census, run the experiment."""
     from fedsim.data import spec_to_json
     from fedsim.deploy.nodes import merge_census
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
     from fedsim.strategies.user_dp import census
 
     cfg, out_dir, min_nodes, timeout, resume = parse_run_config(run_config, app_dir)

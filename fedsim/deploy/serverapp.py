@@ -18,7 +18,7 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-import fedsim.run
+import fedsim.runner
 import fedsim.strategies.user_dp  # noqa: F401
 from fedsim.deploy.runconfig import run_deployment
 

@@ -48,7 +48,7 @@ from fedsim.flower.mod import KEY_CLIP_NORM
 from fedsim.flower.replies import screen_and_sum
 from fedsim.privacy.accounting import epsilon
 from fedsim.privacy.rng import PrivacyKey
-from fedsim.run.build import Prepared, dp_server, prepare_without_data
+from fedsim.runner.build import Prepared, dp_server, prepare_without_data
 from fedsim.sampling import make_sampler
 from fedsim.server import DPServer
 

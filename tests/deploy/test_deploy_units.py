@@ -129,7 +129,7 @@ def test_certificates_chain_to_the_ca_and_keys_load_as_flower_reads_them(tmp_pat
 def test_resume_in_the_run_config_reads_the_folder_s_checkpointed_config(tmp_path):
     import json
 
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     out = tmp_path / "r"
     base = "data.name='synthetic';data.num_clients=12;model.name='logreg';eval.every=0;sim.engine='inprocess'"

@@ -42,7 +42,7 @@ BASE = [
     ],
 )
 def test_mechanism_runs_three_rounds(tmp_path, mechanism, extra):
-    from fedsim.run import prepare, run_experiment
+    from fedsim.runner import prepare, run_experiment
 
     cfg = load_config(None, BASE + [f"privacy.mechanism='{mechanism}'"] + extra)
     prep = prepare(cfg)

@@ -15,7 +15,7 @@ from dp_accounting.pld import PLDAccountant
 from fedsim.checkpoint import load_checkpoint
 from fedsim.config import load_config
 from fedsim.privacy.ledger import recompute_epsilon
-from fedsim.run import model_sha256, prepare
+from fedsim.runner import model_sha256, prepare
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +41,7 @@ def _rows(path):
 
 
 def test_run_folder_ledger_and_epsilon(tmp_path):
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     cfg = load_config(None, BASE + ["privacy.noise_multiplier=1.3"])
     out = tmp_path / "run"
@@ -103,7 +103,7 @@ def test_hostile_clients_are_dropped_or_reclipped(tmp_path):
     """Six workers: NaN, wrong shape, int dtype, no arrays record, 1e6-norm and honest. With no
     noise and server SGD at lr 1, each round moves the model by at most (accepted users · c)/K̄."""
     from fedsim.clients.faults import make_faulty_client_app
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     cfg = load_config(
         None,
@@ -145,7 +145,7 @@ def test_slow_client_past_the_round_timeout_is_counted_missing(tmp_path):
     without it (counted as missing), the late reply is never used, the next round has it back,
     and ε is the one dp-accounting gives for the sampled rounds."""
     from fedsim.clients.faults import SLOW_ROUND, make_faulty_client_app
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     cfg = load_config(
         None,
@@ -169,7 +169,7 @@ def test_slow_client_past_the_round_timeout_is_counted_missing(tmp_path):
     assert rows[SLOW_ROUND]["dropped_updates"] > 0
     assert all(r["drop_reasons"]["stale"] == 0 and r["drop_reasons"]["duplicate"] == 0 for r in rows)
     from fedsim.privacy.accounting import epsilon
-    from fedsim.run import resolve_privacy
+    from fedsim.runner import resolve_privacy
 
     assert rows[-1]["epsilon"] == pytest.approx(epsilon(resolve_privacy(cfg, 30), 3), rel=1e-9)
 
@@ -178,7 +178,7 @@ def test_client_exceptions_and_wrong_user_claims_are_dropped(tmp_path):
     """An exception inside one node's ClientApp and a reply that claims other users than
     the ones assigned: both dropped and counted; the round completes; ε is unaffected."""
     from fedsim.clients.faults import make_faulty_client_app
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     cfg = load_config(
         None,
@@ -202,7 +202,7 @@ def test_client_exceptions_and_wrong_user_claims_are_dropped(tmp_path):
         assert r["drop_reasons"]["unexpected_users"] == 1
         assert r["dropped_updates"] == 6 and r["accepted_updates"] == 6
     from fedsim.privacy.accounting import epsilon
-    from fedsim.run import resolve_privacy
+    from fedsim.runner import resolve_privacy
 
     spec = resolve_privacy(cfg, 30)
     assert rows[-1]["epsilon"] == pytest.approx(epsilon(spec, 2), rel=1e-9)
@@ -213,7 +213,7 @@ def test_too_few_valid_replies_stops_the_run_before_noise(tmp_path):
     with a FedsimError, nothing is recorded in the ledger, and no round is written."""
     from fedsim.clients.faults import make_faulty_client_app
     from fedsim.errors import FedsimError
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     cfg = load_config(
         None,

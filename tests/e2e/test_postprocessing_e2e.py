@@ -52,7 +52,7 @@ def _expected_eps(rounds: int) -> float:
 
 @pytest.mark.parametrize("filt,opt,ef", COMBOS, ids=[f"{c[1]}-{c[2]}-{(c[0] or ['none'])[0]}" for c in COMBOS])
 def test_epsilon_is_post_processing_invariant(tmp_path, filt, opt, ef):
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     extra = ["privacy.allow_no_guarantee=true"] if ef == "server" else []
     cfg = load_config(None, BASE + filt + extra + [f"server.optimizer='{opt}'", f"client.error_feedback='{ef}'"])

@@ -31,7 +31,7 @@ def test_simulation_on_a_two_node_ray_cluster(tmp_path):
     import ray
     from ray.cluster_utils import Cluster
 
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
@@ -60,7 +60,7 @@ def test_a_sweep_runs_on_a_two_node_ray_cluster(tmp_path):
     finishes, and a trial gives the same model as on the local Ray."""
     from ray.cluster_utils import Cluster
 
-    from fedsim.run.sweep import run_sweep
+    from fedsim.runner.sweep import run_sweep
 
     spec = tmp_path / "spec.toml"
     sets = ", ".join(repr(s).replace("'", '"') if "'" not in s else f'"{s}"' for s in BASE if "num_workers" not in s)

@@ -136,7 +136,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, variant):
 
 def test_resume_refuses_privacy_relevant_changes(tmp_path):
     from fedsim.config import load_config
-    from fedsim.run.resume import check_resume
+    from fedsim.runner.resume import check_resume
 
     stored = load_config(None, SETTINGS)
     with pytest.raises(FedsimError, match="client.clip_norm"):

@@ -16,7 +16,7 @@ N = 342_477
 CODE = """
 import json
 from fedsim.config import load_config
-from fedsim.run import run_experiment
+from fedsim.runner import run_experiment
 cfg = load_config(None, ['data.name="synthetic"', 'data.num_clients={n}', 'model.name="logreg"', 'rounds=3',
                          'sampling.scheme="poisson"', 'sampling.cohort_size=50', 'privacy.mechanism="gaussian"',
                          'privacy.noise_multiplier=1.0', 'eval.every=0', 'eval.max_users=20', 'sim.num_workers=1'])

@@ -18,7 +18,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedsim.errors import FedsimError
 from fedsim.flower import UserLevelDP, noise_std_of_mean, user_dp_mod
-from fedsim.run.inprocess import InProcessGrid, task_identity
+from fedsim.runner.inprocess import InProcessGrid, task_identity
 
 D = 64  # parameters of the toy model
 

@@ -123,7 +123,7 @@ def test_lstm_users_batched_on_the_device_equal_sequential_and_the_cpu(fallbacks
 
 def test_an_inprocess_run_on_the_device_matches_the_cpus_epsilon(tmp_path, fallbacks):
     from fedsim.config import load_config
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     common = list(SMALL_RUN)
     on_device = ["sim.client_gpus=1", f"sim.device='{DEVICE}'"] if DEVICE == "cuda" else []
@@ -194,7 +194,7 @@ def test_a_graphed_step_is_queued_without_waiting_for_the_device():
 @needs_cuda
 def test_an_inprocess_lstm_run_on_the_device_with_graphs_matches_eager_steps(tmp_path):
     from fedsim.config import load_config
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     common = SMALL_RUN + ["sim.client_gpus=1", "sim.device='cuda'"]
     graphed = run_experiment(load_config(None, common), str(tmp_path / "graphs"), progress=False)

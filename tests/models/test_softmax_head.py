@@ -185,7 +185,7 @@ def test_the_sim_setting_reaches_the_workers_and_a_bad_value_is_refused(so_data,
     from fedsim.config import load_config
     from fedsim.errors import FedsimError
     from fedsim.protocol import Task
-    from fedsim.run import build_run
+    from fedsim.runner import build_run
 
     root = generate(tmp_path / "d", users=6, per_user=8, vocab=60, tags=4, seed=2)
     base = [

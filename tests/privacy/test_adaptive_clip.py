@@ -104,7 +104,7 @@ def test_phi_uses_the_round_clip_norm():
 
 
 def test_privacy_report_shows_the_split_and_same_epsilon():
-    from fedsim.run import privacy_report
+    from fedsim.runner import privacy_report
 
     base = [
         "rounds=20",
@@ -152,7 +152,7 @@ def test_adaptive_without_noise_is_refused():
 def test_adaptive_clipping_run(tmp_path):
     """A real 3-round Ray run: the clip norm moves as the controller says, every round's noise
     uses c_t·z_Δ, ε equals dp-accounting's for the accounted z, the ledger reproduces z."""
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     N, K, z = 24, 8, 1.2
     cfg = load_config(

@@ -67,7 +67,7 @@ def test_local_training_sends_the_normalised_delta_on_both_paths():
 
 def test_the_config_sets_it_and_refuses_what_reads_the_cut_off_part():
     cfg = load_config(None, ["clipping.mode='automatic'", "clipping.stability=0.05"])
-    from fedsim.run.build import build_run
+    from fedsim.runner.build import build_run
 
     run = build_run(
         load_config(

@@ -18,7 +18,7 @@ from fedsim import protocol
 from fedsim.clients.client_app import evaluate, train
 from fedsim.config import load_config
 from fedsim.errors import FedsimError
-from fedsim.run import run_experiment
+from fedsim.runner import run_experiment
 
 BASE = [
     "data.name='synthetic'",
@@ -93,7 +93,7 @@ def test_a_config_that_trusts_the_server_sends_them_and_says_so(tmp_path, capsys
 
 def test_a_silo_refuses_an_evaluation_its_task_withholds():
     """A server that sends an evaluation message anyway gets an error reply, not the statistic."""
-    from fedsim.run import build_run
+    from fedsim.runner import build_run
 
     run = build_run(load_config(None, BASE))
     from flwr.app import Context, Metadata

@@ -32,9 +32,9 @@ from fedsim.config import load_config
 from fedsim.errors import FedsimError
 from fedsim.example_dp import silo_epsilon
 from fedsim.interrupt import RunInterrupted
-from fedsim.run import run_experiment
-from fedsim.run.build import model_sha256
-from fedsim.run.callbacks import RunCallback
+from fedsim.runner import run_experiment
+from fedsim.runner.build import model_sha256
+from fedsim.runner.callbacks import RunCallback
 
 BASE = [
     "data.name='synthetic'",
@@ -214,6 +214,6 @@ def test_user_level_resume_rechecks_a_rerun_round_against_what_was_sent(tmp_path
 def test_which_runs_count_as_reproducible(extra, reproducible):
     """Only a run whose every round re-runs to the same bits may re-run a round after a resume;
     the others checkpoint every round before its model leaves the server."""
-    from fedsim.run import build_run
+    from fedsim.runner import build_run
 
     assert build_run(load_config(None, USER_LEVEL + extra)).reproducible is reproducible

@@ -55,7 +55,7 @@ def test_a_search_over_32_bit_seeds_does_not_reproduce_a_rounds_noise():
 def test_deployment_keys_come_from_the_os_and_are_never_written(tmp_path):
     from fedsim.config import load_config
     from fedsim.deploy.runconfig import Deployment
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     assert PrivacyKey.generate() != PrivacyKey.generate()
     assert "privacy_key" in Deployment.__dataclass_fields__

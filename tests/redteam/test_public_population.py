@@ -13,7 +13,7 @@ import pytest
 from fedsim.config import load_config
 from fedsim.errors import FedsimError
 from fedsim.privacy.rng import PrivacyKey
-from fedsim.run import build_run, resolve_privacy, scheme_of
+from fedsim.runner import build_run, resolve_privacy, scheme_of
 from fedsim.sampling import make_sampler
 
 NAMES = [f"user_{i:03d}" for i in range(41)]

@@ -112,7 +112,7 @@ def test_fedsim_privacy_prints_no_finite_epsilon(capsys):
 
 
 def test_a_server_ef_run_writes_no_finite_epsilon_anywhere(tmp_path):
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     cfg = load_config(
         None,

@@ -36,7 +36,7 @@ PUBLIC_ROW_KEYS = {
 
 
 def _run(tmp_path, capsys, extra):
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     out = tmp_path / "run"
     summary = run_experiment(load_config(None, SMALL + extra), out, progress=True)

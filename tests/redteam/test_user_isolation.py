@@ -217,7 +217,7 @@ def _reply(strategy, node, users, residual):
 
 
 def test_a_residual_sum_that_overflows_float32_is_bad_state():
-    from fedsim.run.inprocess import task_identity
+    from fedsim.runner.inprocess import task_identity
     from fedsim.strategies.user_dp import UserLevelDPStrategy
 
     with task_identity():
@@ -241,7 +241,7 @@ def test_hostile_users_in_a_real_multi_worker_run(tmp_path):
     """3 Ray workers, every user in every round (fixed K = N = 9): one user's features ×1e38,
     one user whose data raises. Every reply is accepted, the other 7 users' updates count, the
     run completes with the default min_valid_replies."""
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     cfg = load_config(
         None,

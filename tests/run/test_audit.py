@@ -1,4 +1,4 @@
-"""The empirical privacy audit (fedsim.audit): the estimator on synthetic cosines with known
+"""The empirical privacy audit (fedsim.runner.audit): the estimator on synthetic cosines with known
 answers, the canaries, and the acceptance tests on the real simulation (Flower on Ray).
 
 The acceptance tests start Ray once each (≈15–25 s on 2 cores); they are marked ``e2e``.
@@ -17,7 +17,9 @@ from dp_accounting.pld import PLDAccountant, privacy_loss_mechanism
 from scipy import integrate, stats
 from scipy.optimize import brentq
 
-from fedsim.audit import (
+from fedsim.config import load_config
+from fedsim.errors import FedsimError
+from fedsim.runner.audit import (
     CANARY_STREAM,
     NULL_STREAM,
     Canaries,
@@ -28,8 +30,6 @@ from fedsim.audit import (
     log_hockey_stick,
     unit_direction,
 )
-from fedsim.config import load_config
-from fedsim.errors import FedsimError
 
 
 def gaussian_mechanism_epsilon(mu: float, delta: float) -> float:
@@ -248,7 +248,7 @@ def test_cli_audit_user_errors_are_one_line(capsys, tmp_path):
     assert code == 2 and "nosuch" in err
     # keyed epochs groups are sized from the population the audit accounts, N + M: K̄ = (N + M)/b
     from fedsim.config import load_config
-    from fedsim.run import scheme_of
+    from fedsim.runner import scheme_of
 
     cfg = load_config(None, ["data.max_users=30", "rounds=4", "sampling.min_sep=2", "sampling.max_participations=2"])
     assert scheme_of(cfg, 30 + 10).expected_cohort == 20.0 and scheme_of(cfg, 30).expected_cohort == 15.0
@@ -286,7 +286,7 @@ POISSON = ["sampling.scheme='poisson'", "privacy.mechanism='gaussian'"]
 
 
 def _run_audit(tmp_path, name, overrides, canaries, **kw):
-    from fedsim.audit import run_audit
+    from fedsim.runner.audit import run_audit
 
     cfg = load_config(None, BASE + overrides)
     rep = run_audit(cfg, tmp_path / name, canaries, progress=False, **kw)

@@ -1,4 +1,4 @@
-"""Round latency on the Ray engine (fedsim/run/dispatch.py): Flower's message scan wakes when
+"""Round latency on the Ray engine (fedsim/runner/dispatch.py): Flower's message scan wakes when
 the strategy pushes (and otherwise waits Flower's own 0.1 s), Flower's reply store signals the
 strategy, and the strategy's wait for replies ends on that signal; without a signal it polls,
 backing off from 1 ms and starting over after every reply. What is checked is behaviour (which
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fedsim.run.dispatch import NotifyingState, WakeableEvent, prompt_exchange
+from fedsim.runner.dispatch import NotifyingState, WakeableEvent, prompt_exchange
 from fedsim.strategies.user_dp import UserLevelDPStrategy
 
 

@@ -42,7 +42,7 @@ def test_inprocess_and_ray_engines_are_bit_identical(tmp_path, monkeypatch):
 
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     scans = []  # Flower's scan for pushed messages: one call per node per scan
     original = InMemoryLinkState.get_message_ins
@@ -66,7 +66,7 @@ def test_inprocess_and_ray_engines_are_bit_identical(tmp_path, monkeypatch):
 
 
 def test_auto_engine_is_inprocess_for_one_worker_only():
-    from fedsim.run import resolve_engine
+    from fedsim.runner import resolve_engine
 
     assert resolve_engine(load_config(None, ["sim.num_workers=1"]), 1) == "inprocess"
     assert resolve_engine(load_config(None, ["sim.num_workers=2"]), 2) == "ray"
@@ -79,7 +79,7 @@ def test_inprocess_grid_turns_exceptions_into_error_replies_and_drops_late_repli
     from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
 
-    from fedsim.run.inprocess import InProcessGrid, task_identity
+    from fedsim.runner.inprocess import InProcessGrid, task_identity
 
     app = ClientApp()
 
@@ -128,7 +128,7 @@ def test_inprocess_grid_turns_exceptions_into_error_replies_and_drops_late_repli
 
 def test_account_every_skips_intermediate_epsilons_but_not_the_final_one(tmp_path):
     from fedsim.privacy.ledger import recompute_epsilon
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     base = [
         "data.name='synthetic'",

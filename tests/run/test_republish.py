@@ -15,11 +15,11 @@ import json
 import pytest
 from helpers import CrashAfter
 
-import fedsim.run.callbacks as callbacks_module
+import fedsim.runner.callbacks as callbacks_module
 from fedsim.clients.faults import make_faulty_client_app
 from fedsim.config import load_config
-from fedsim.run import run_experiment
-from fedsim.run.callbacks import MetricsFile
+from fedsim.runner import run_experiment
+from fedsim.runner.callbacks import MetricsFile
 
 BASE = [
     "data.name='synthetic'",

@@ -233,8 +233,8 @@ def test_an_extended_run_that_fails_keeps_no_stale_summary_and_counts_all_wall_t
     resumed again to the end counts the wall time spent before its checkpoint."""
     import torch
 
-    from fedsim.run import run_experiment
-    from fedsim.run.resume import resume_config
+    from fedsim.runner import run_experiment
+    from fedsim.runner.resume import resume_config
 
     out = tmp_path / "grown"
     code, _, err = run_cli(

@@ -22,7 +22,7 @@ from fedsim.errors import FedsimError
 from fedsim.privacy.accounting import AccountingSpec
 from fedsim.privacy.rng import PrivacyKey
 from fedsim.privacy.selection import ORDERS, draw_trial_count, expected_trials, selection_epsilon
-from fedsim.run.sweep import check_trials, load_spec, read_base, run_sweep, trials
+from fedsim.runner.sweep import check_trials, load_spec, read_base, run_sweep, trials
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,7 @@ def test_trial_names_are_exact_and_stay_one_folder(tmp_path):
     """Attack: a trial's name is its folder, and a folder holding ``summary.json`` is reused as
     finished. Two searched learning rates that agree to 4 digits once shared a name (the second
     trial took the first's results); a value with ``/`` or ``..`` must not reach another folder."""
-    from fedsim.run.sweep import _searched_trial
+    from fedsim.runner.sweep import _searched_trial
 
     a = _searched_trial({"params": {"client.lr": 0.123456}, "seed": 0, "set": []})
     b = _searched_trial({"params": {"client.lr": 0.123457}, "seed": 0, "set": []})
@@ -96,9 +96,9 @@ def test_a_trial_killed_mid_run_continues_from_its_checkpoint(tmp_path, monkeypa
     """A trial that died after round 2 of 3 (its checkpoint written) continues from it on resume,
     with the model an uninterrupted trial ends with; a folder whose checkpoint was written with
     another config, or that has none, starts again."""
-    import fedsim.run.runner as runner
-    from fedsim.run.callbacks import RunCallback
-    from fedsim.run.sweep import resumable, run_trial, trial_config
+    import fedsim.runner.runner as runner
+    from fedsim.runner.callbacks import RunCallback
+    from fedsim.runner.sweep import resumable, run_trial, trial_config
 
     spec, base = load_spec(_spec(tmp_path))
     raw = read_base(base)
@@ -317,7 +317,7 @@ def test_a_no_noise_arm_makes_the_selection_unbounded():
 
 
 def test_private_selection_draws_k_random_arms_with_fresh_seeds(tmp_path):
-    from fedsim.run.sweep import random_trials
+    from fedsim.runner.sweep import random_trials
 
     text = SPEC + "\n[sweep.private_selection]\ndistribution = 'poisson'\nmean = 5.0\n"
     spec, _ = load_spec(_spec(tmp_path, text))
@@ -341,7 +341,7 @@ def _selection_spec(
 
 def test_private_selection_prints_its_relation_and_covers_every_arm(tmp_path):
     from fedsim.privacy.accounting import AccountingSpec as Spec
-    from fedsim.run.sweep import selection_privacy
+    from fedsim.runner.sweep import selection_privacy
 
     spec, base = load_spec(_selection_spec(tmp_path))
     got = selection_privacy(spec, read_base(base), draws=4)
@@ -362,7 +362,7 @@ def test_private_selection_prints_its_relation_and_covers_every_arm(tmp_path):
 def test_private_selection_refuses_arms_under_different_neighbouring_relations(tmp_path):
     """A fixed-cohort arm's ε is for replacing one user, a Poisson arm's for adding or removing one:
     the larger ε of the two holds for neither relation over the mixture, so no ε is printed."""
-    from fedsim.run.sweep import selection_privacy
+    from fedsim.runner.sweep import selection_privacy
 
     spec, base = load_spec(_selection_spec(tmp_path, second_arm=("sampling.scheme='fixed'",)))
     with pytest.raises(FedsimError, match="different neighbouring relations.*replace one user.*same sampling.scheme"):
@@ -377,7 +377,7 @@ def test_a_trial_that_ran_under_another_accounting_spec_unaccounts_the_selection
     run with weaker noise) must not be reported as covered by the selection's ε."""
     from dataclasses import replace
 
-    from fedsim.run.sweep import selection_note, selection_privacy
+    from fedsim.runner.sweep import selection_note, selection_privacy
 
     spec_path = _selection_spec(tmp_path)
     spec, base = load_spec(spec_path)
@@ -439,7 +439,7 @@ def test_resume_refuses_an_edited_base_config_or_spec(tmp_path):
     remaining trials, and compute the selection's ε, for another experiment than the finished
     trials ran. The sweep reads the base once; a resume with other files is refused before
     anything runs, and goes on once they are restored."""
-    from fedsim.run.sweep import PLAN_FILE, _keep_plan, sweep_plan
+    from fedsim.runner.sweep import PLAN_FILE, _keep_plan, sweep_plan
 
     (tmp_path / "base.toml").write_text("[client]\nlr = 0.5\n", encoding="utf-8")
     spec_path = _spec(tmp_path, SPEC.replace('name = "tiny"', 'name = "tiny"\nconfig = "base.toml"'))

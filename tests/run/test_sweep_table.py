@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-import fedsim.run.sweep as sweep
+import fedsim.runner.sweep as sweep
 from fedsim.errors import FedsimError
-from fedsim.run.build import resolve_privacy
-from fedsim.run.sweep import arm_table, load_spec, markdown_table, read_base, run_sweep, trial_config, trials
+from fedsim.runner.build import resolve_privacy
+from fedsim.runner.sweep import arm_table, load_spec, markdown_table, read_base, run_sweep, trial_config, trials
 
 ROOT = Path(__file__).resolve().parents[2]
 

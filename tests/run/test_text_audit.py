@@ -15,7 +15,7 @@ from fedsim.attacks.population import AuditView
 from fedsim.config import load_config
 from fedsim.data import load_federated
 from fedsim.protocol import Task
-from fedsim.run.build import build_run
+from fedsim.runner.build import build_run
 
 SMALL = [
     "rounds=4",

@@ -9,7 +9,7 @@ import pytest
 
 from fedsim.config import load_config
 from fedsim.errors import FedsimError
-from fedsim.run import run_experiment
+from fedsim.runner import run_experiment
 
 pytest.importorskip("tensorboard")
 mlflow = pytest.importorskip("mlflow")

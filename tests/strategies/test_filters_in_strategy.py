@@ -53,7 +53,7 @@ def test_phi_matches_empirical_variance_of_filtered_noise(which, filt):
 
 
 def test_epsilon_unchanged_by_filter_and_optimizer():
-    from fedsim.run import privacy_report
+    from fedsim.runner import privacy_report
 
     base = BASE + [
         "sampling.scheme='epochs'",
@@ -80,7 +80,7 @@ def test_momentum_on_top_of_a_filter_is_refused():
 
 @pytest.mark.e2e
 def test_blt_doppler_adambc_run(tmp_path):
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     cfg = load_config(
         None,

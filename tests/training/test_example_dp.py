@@ -195,7 +195,7 @@ def test_config():
 def test_example_level_run_records_both_guarantees(tmp_path):
     from dp_accounting.pld import PLDAccountant
 
-    from fedsim.run import run_experiment
+    from fedsim.runner import run_experiment
 
     N, K, z = 20, 6, 1.2
     cfg = load_config(

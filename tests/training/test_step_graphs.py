@@ -22,7 +22,7 @@ from fedsim.training import LocalTraining, local_delta
 
 def test_the_setting_reaches_what_a_worker_reads():
     from fedsim.protocol import Task
-    from fedsim.run.build import build_run
+    from fedsim.runner.build import build_run
 
     base = ["data.name='shakespeare'", "model.name='shakespeare_lstm_small'", "rounds=2"]
     for setting, expected in (([], True), (["sim.cuda_graphs='off'"], False)):

@@ -152,7 +152,7 @@ def test_which_models_are_vectorized():
     assert not vectorizable(make_model("shakespeare_lstm_small", 96, dp_layers=True))  # Opacus's DPLSTM
     gru = torch.nn.Sequential(torch.nn.GRU(3, 4, batch_first=True))
     assert recurrent(gru) and not vectorizable(gru)
-    from fedsim.run import resolve_vectorize
+    from fedsim.runner import resolve_vectorize
 
     big = make_model("so_tag_logreg", {"in_features": 10000, "out_features": 500})  # 5M parameters
     n = sum(p.numel() for p in big.parameters())
@@ -164,7 +164,7 @@ def test_which_models_are_vectorized():
 def test_auto_trains_lstm_users_one_by_one_on_any_device(monkeypatch):
     """``auto`` leaves LSTM users to the fused kernel, one by one, on CPU and GPU workers alike
     (batched users measured slower on both); ``on`` batches them."""
-    from fedsim.run import resolve_vectorize
+    from fedsim.runner import resolve_vectorize
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for where in ([], ["sim.client_gpus=1", "sim.device='cuda'"], ["sim.client_gpus=0.5"]):
@@ -174,7 +174,7 @@ def test_auto_trains_lstm_users_one_by_one_on_any_device(monkeypatch):
 
 
 def test_vectorize_on_refuses_what_it_cannot_do():
-    from fedsim.run import resolve_vectorize
+    from fedsim.runner import resolve_vectorize
 
     cfg = load_config(None, ["sim.vectorize='on'"])
     with pytest.raises(FedsimError, match="recurrent"):

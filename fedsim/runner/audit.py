@@ -4,7 +4,7 @@ Suriyakumar (ICLR 2024), "One-shot empirical privacy estimation for federated le
 Method
 ------
 1. ``M`` **canary users** join the population (ids ``N..N+M−1``; see the ``synthetic`` hook of
-   :func:`fedsim.run.run_experiment`). Canary ``k`` has a fixed random direction
+   :func:`fedsim.runner.run_experiment`). Canary ``k`` has a fixed random direction
    ``u_k`` (uniform on the unit sphere of ``R^d``). Whenever the sampler picks it, its clipped
    update is ``c·u_k``, always in the same direction. The sampler, the noise and the
    accountant treat canaries like every other user: the population is ``N + M``.
@@ -126,7 +126,7 @@ def unit_direction(seed: int, stream: str, k: int, dim: int) -> torch.Tensor:
 
 
 class Canaries:
-    """``count`` canary users for :func:`fedsim.run.run_experiment` (``synthetic=``).
+    """``count`` canary users for :func:`fedsim.runner.run_experiment` (``synthetic=``).
 
     Canary ``k`` (user id ``first_id + k``) always sends ``c·u_k``. ``u_k`` is
     :func:`unit_direction` ``(seed, CANARY_STREAM, k, d)``. No ``M × d`` matrix is kept: each
@@ -475,7 +475,7 @@ def _population_error(cfg: Any, m: int) -> bool:
     """Whether the participation scheme accepts the ``N`` real users but not ``N + m``
     (e.g. ``epochs`` groups sized for ``N``). That check is cheap: no calibration."""
     from fedsim.data import load_federated
-    from fedsim.run import scheme_of
+    from fedsim.runner import scheme_of
 
     n = load_federated(cfg.data).population
 
@@ -524,7 +524,7 @@ def run_audit(
     and ``null_cosine`` (mean, std), ``dimension``, ``warnings``, ``caveats`` and facts about
     the run. Non-finite numbers are written as ``"inf"``.
     """
-    from fedsim.run import default_run_dir, run_experiment
+    from fedsim.runner import default_run_dir, run_experiment
 
     _check_audit_options(num_canaries, alpha, null_model)
     m = int(num_canaries)
@@ -569,7 +569,7 @@ def _model_delta(cfg: Any, summary: dict[str, Any], out: Path, m: int) -> torch.
     """``x_T − x_0`` of the audited run (float64): ``x_0`` rebuilt exactly as the run built it,
     with ``z`` fixed to the run's value (no recalibration), ``x_T`` from its checkpoint."""
     from fedsim.checkpoint import load_checkpoint
-    from fedsim.run.build import prepare
+    from fedsim.runner.build import prepare
 
     run_cfg = cfg
     if cfg.privacy.mechanism != "none" and cfg.privacy.target_epsilon is not None:

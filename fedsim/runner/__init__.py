@@ -1,16 +1,16 @@
 """The runner layer: build a run from a config, execute it on an engine, record it.
 
-- :mod:`fedsim.run.build` — :func:`build_run` (``cfg → Run``): every piece of a run, nothing
+- :mod:`fedsim.runner.build` — :func:`build_run` (``cfg → Run``): every piece of a run, nothing
   started (pure wiring, testable without Ray);
-- :mod:`fedsim.run.engines` — where the rounds execute (Ray, in-process, a deployment's grid);
-- :mod:`fedsim.run.callbacks` — metrics file, checkpoints, ledger, progress line, plots, tracking;
-- :mod:`fedsim.run.runner` — :func:`run_experiment`, which ties the three together in a locked run
-  folder (:mod:`fedsim.run.runfolder`), and resumes from checkpoints (:mod:`fedsim.run.resume`).
+- :mod:`fedsim.runner.engines` — where the rounds execute (Ray, in-process, a deployment's grid);
+- :mod:`fedsim.runner.callbacks` — metrics file, checkpoints, ledger, progress line, plots, tracking;
+- :mod:`fedsim.runner.runner` — :func:`run_experiment`, which ties the three together in a locked run
+  folder (:mod:`fedsim.runner.runfolder`), and resumes from checkpoints (:mod:`fedsim.runner.resume`).
 
 Nothing below this layer (the core, ``strategies/``, ``clients/``) imports it.
 """
 
-from fedsim.run.build import (
+from fedsim.runner.build import (
     SYNTHETIC_ID_PREFIX,
     Deployment,
     Prepared,
@@ -31,8 +31,8 @@ from fedsim.run.build import (
     resolve_vectorize,
     scheme_of,
 )
-from fedsim.run.callbacks import RunCallback
-from fedsim.run.runner import default_run_dir, make_strategy, make_summary, run_experiment
+from fedsim.runner.callbacks import RunCallback
+from fedsim.runner.runner import default_run_dir, make_strategy, make_summary, run_experiment
 
 __all__ = [
     "SYNTHETIC_ID_PREFIX",

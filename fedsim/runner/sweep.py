@@ -54,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedsim.config import apply_overrides, config_from_dict, parse_override, read_config_file
 from fedsim.errors import FedsimError
-from fedsim.run.callbacks import RunCallback
+from fedsim.runner.callbacks import RunCallback
 
 #: overrides every trial gets first (a spec may change them): one worker, so that a trial's numbers
 #: do not depend on the machine's CPU count.
@@ -250,7 +250,11 @@ def trials(spec: SweepSpec) -> list[dict[str, Any]]:
 def read_base(base: Path | None) -> dict[str, Any]:
     """The base config's table (``{}`` without one). A sweep reads it once, when it starts: every
     trial, the checks and the selection's accounting use this table, never the file again."""
-    return {} if base is None else read_config_file(base)
+    if base is None:
+        return {}
+    from fedsim.plugins import relative_to
+
+    return dict(relative_to(read_config_file(base), base.resolve().parent))  # plugins recorded absolute
 
 
 def trial_config(raw: dict[str, Any], sets: list[str]) -> Any:
@@ -312,7 +316,7 @@ def _searched_trial(config: dict[str, Any]) -> dict[str, Any]:
 
 def run_trial(config: dict[str, Any]) -> dict[str, Any] | None:
     """One trial (a Tune function trainable): the run folder's summary, reused when it exists."""
-    from fedsim.run.runner import run_experiment
+    from fedsim.runner.runner import run_experiment
 
     t = config["trial"] if "trial" in config else _searched_trial(config)
     out = Path(config["out"]) / "trials" / t["name"]
@@ -348,7 +352,7 @@ def resumable(folder: Path, cfg: Any) -> bool:
     """Whether the trial killed mid-run in ``folder`` continues from its checkpoint (bit-identical to
     an uninterrupted run): it has one, intact, written with exactly the config ``cfg`` (any
     difference, even one ``fedsim run --resume --force`` would allow, starts the trial again)."""
-    from fedsim.run.resume import check_resume, load_stored_config
+    from fedsim.runner.resume import check_resume, load_stored_config
 
     try:
         _, stored = load_stored_config(folder)
@@ -471,7 +475,7 @@ def _arm_plans(raw: dict[str, Any], items: Sequence[dict[str, Any]]) -> dict[str
     ``items`` (its trials differ only in the seed, which the accounting does not read); the data is
     loaded once per data config for its population. ``raw``: the base config's table."""
     from fedsim.data import load_federated
-    from fedsim.run.build import resolve_privacy
+    from fedsim.runner.build import resolve_privacy
 
     populations: dict[str, int] = {}
     plans: dict[str, tuple[Any, int]] = {}

@@ -1,6 +1,6 @@
 """Callbacks of a run: what happens around the rounds, one object per concern.
 
-The runner (:mod:`fedsim.run.runner`) calls every callback of a run, in order:
+The runner (:mod:`fedsim.runner.runner`) calls every callback of a run, in order:
 
 - :meth:`RunCallback.on_start` once the run is built (``resumed``: continuing from a checkpoint,
   whose state the :class:`Checkpointer` has already restored);
@@ -29,9 +29,9 @@ from fedsim.checkpoint import save_checkpoint
 from fedsim.errors import FedsimError
 from fedsim.metrics import MetricsWriter, ProgressLine, public_row
 from fedsim.privacy.accounting import RELATION_LABELS
-from fedsim.run.build import Run, model_sha256
-from fedsim.run.releases import ReleaseLog
-from fedsim.run.resume import privacy_digest
+from fedsim.runner.build import Run, model_sha256
+from fedsim.runner.releases import ReleaseLog
+from fedsim.runner.resume import privacy_digest
 
 
 class RunCallback:
@@ -150,7 +150,7 @@ def irregular(row: dict[str, Any]) -> bool:
     """Whether round ``row`` aggregated inputs that a re-run of it might not reproduce: a reply
     was dropped (a timeout, a node's error, a malformed reply), a user's training failed (its data
     could not be read) or an evaluation reply failed. In a reproducible run
-    (:attr:`fedsim.run.build.Run.reproducible`) everything else about a round (cohort, training,
+    (:attr:`fedsim.runner.build.Run.reproducible`) everything else about a round (cohort, training,
     noise) is a function of the checkpoint and the key, so a re-run gives the same row."""
     return bool(row.get("dropped_replies") or row.get("failed_users") or row.get("eval_failed_replies"))
 
@@ -173,10 +173,10 @@ class Checkpointer(RunCallback):
     after the round's noise and before its model leaves the server (evaluation, the next round's
     messages, the row), checkpoints the round when a re-run might not reproduce it: an
     :func:`irregular` round, and every round of a run that is not
-    :attr:`~fedsim.run.build.Run.reproducible` (example-level DP, a deployment, a GPU). Such a
+    :attr:`~fedsim.runner.build.Run.reproducible` (example-level DP, a deployment, a GPU). Such a
     round is never re-run. The other rounds between checkpoints re-run to the bits already
     released: the model's SHA-256 is recorded in the append-only
-    :class:`~fedsim.run.releases.ReleaseLog` before it is sent, and a re-run that differs (a
+    :class:`~fedsim.runner.releases.ReleaseLog` before it is sent, and a re-run that differs (a
     resume with another ``sim.num_workers`` regroups the float32 sums) stops the run before
     sending it. The checkpoint keeps its round's row, which :meth:`restore` appends to
     ``metrics.jsonl`` when the run stopped between the checkpoint and the row. The silo ledger
@@ -206,7 +206,7 @@ class Checkpointer(RunCallback):
         run.server.load_state_dict(ckpt["server"])
         if run.ledger.silo is not None:
             run.ledger.silo.count_at_least(ReleaseLog(out / "checkpoint").silo_trainings())
-        run.ledger.planned_rounds = run.cfg.rounds  # a Gaussian run may have been extended (fedsim.run.resume)
+        run.ledger.planned_rounds = run.cfg.rounds  # a Gaussian run may have been extended (fedsim.runner.resume)
         run.sampler.load_state_dict(ckpt["sampler"])
         if run.client_store is not None:
             run.client_store.load_state_dict(ckpt["client_state"])

@@ -5,7 +5,7 @@ factorization, the initial model); :func:`build_run` then builds every stateful 
 round — the noise, the server (filter, optimizer, clipping, ledger), the cohort sampler, the
 clients' task and the evaluation users — into a :class:`Run`. Nothing here imports Flower or
 Ray, writes a file or starts a process, so a run can be built and inspected in a test; the
-runner (:mod:`fedsim.run.runner`) executes it on an engine.
+runner (:mod:`fedsim.runner.runner`) executes it on an engine.
 """
 
 from __future__ import annotations
@@ -351,7 +351,8 @@ def make_server_optimizer(
     cfg: Config, noise_std: float | Any, plan: MFPlan | None, filt: Any, expected_cohort: float | None = None
 ) -> Any:
     """The server optimizer; for ``adambc`` with ``Φ_t`` computed exactly from the noise
-    mechanism (its noising matrix) pushed through the filter's impulse response.
+    mechanism (its noising matrix) pushed through the filter's impulse response, for
+    ``lp_adambc`` the same without the filter (its second moment reads the unfiltered update).
     ``noise_std`` is ``c·z·sens`` or, with adaptive clipping, a function of the round;
     ``expected_cohort`` is ``K̄`` (default ``sampling.cohort_size``)."""
     from fedsim.optim import OPTIMIZERS
@@ -359,18 +360,20 @@ def make_server_optimizer(
     if expected_cohort is None:
         expected_cohort = float(cfg.sampling.cohort_size or 0) or 1.0
     s = cfg.server
+    kind = OPTIMIZERS.get_part(s.optimizer)
     phi = None
-    if s.optimizer == "adambc":
+    if kind.noise_variance is not None:
         from fedsim.server import noise_variance_fn
 
-        impulse = None if filt is None else filt.impulse_response(cfg.rounds)
+        filtered = kind.noise_variance == "filtered" and filt is not None
+        impulse = filt.impulse_response(cfg.rounds) if filtered else None
         phi = noise_variance_fn(noise_std, expected_cohort, None if plan is None else plan.noising, impulse)
-    return OPTIMIZERS.get_part(s.optimizer).build(s.optimizer_options(), s.lr, phi)
+    return kind.build(s.optimizer_options(), s.lr, phi)
 
 
 class SyntheticUsers(Protocol):
     """Simulated users that join the sampled and accounted population (the gradient audit's
-    canaries, :class:`fedsim.audit.Canaries`): ``count`` of them, with ids ``first_id..``."""
+    canaries, :class:`fedsim.runner.audit.Canaries`): ``count`` of them, with ids ``first_id..``."""
 
     count: int
     first_id: int | None
@@ -462,7 +465,7 @@ class Run:
         OS, per process), in a deployment (the nodes' processes and data are outside the run)
         or with GPUs (their reductions are not deterministic). Every round of a run that is not
         reproducible is checkpointed before its model leaves the server
-        (:class:`fedsim.run.callbacks.Checkpointer`)."""
+        (:class:`fedsim.runner.callbacks.Checkpointer`)."""
         return (
             self.cfg.privacy.unit == "user"
             and self.deployment is None
@@ -677,6 +680,12 @@ def _run_notes(cfg: Config, observed: int, deployment: Deployment | None) -> lis
         notes.append(
             f"data.max_users = {cfg.data.max_users} does not apply in deployment: the population is the "
             f"{observed} users the SuperNodes hold (config.toml records data.max_users unset)"
+        )
+    partitioner = getattr(cfg.data, "partitioner", None)  # data.name = "table" only
+    if partitioner is not None:
+        notes.append(
+            f"users are {partitioner} partitions of the table made by Flower Datasets, not people: "
+            f"ε protects one partition's rows together, and says nothing about a person whose rows span partitions"
         )
     if cfg.privacy.population is not None and observed != cfg.privacy.population:
         notes.append(

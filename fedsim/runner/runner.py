@@ -1,6 +1,6 @@
-"""Run an experiment: the runner. It builds the run (:func:`fedsim.run.build.build_run`),
-executes it on an engine (:mod:`fedsim.run.engines`: Flower's simulation engine on Ray, the
-in-process grid, or a deployment's grid) with its callbacks (:mod:`fedsim.run.callbacks`), and
+"""Run an experiment: the runner. It builds the run (:func:`fedsim.runner.build.build_run`),
+executes it on an engine (:mod:`fedsim.runner.engines`: Flower's simulation engine on Ray, the
+in-process grid, or a deployment's grid) with its callbacks (:mod:`fedsim.runner.callbacks`), and
 leaves a run folder.
 
 Run folder (``--out DIR``, default ``runs/<timestamp>-<name>``):
@@ -31,8 +31,8 @@ from fedsim.interrupt import RunInterrupted, StopRequest
 from fedsim.metrics import SIDE_STATISTICS_NOTE
 from fedsim.privacy.accounting import RELATION_LABELS
 from fedsim.privacy.display import format_delta
-from fedsim.run.build import Deployment, Run, SyntheticUsers, build_run, model_sha256
-from fedsim.run.callbacks import (
+from fedsim.runner.build import Deployment, Run, SyntheticUsers, build_run, model_sha256
+from fedsim.runner.callbacks import (
     Callbacks,
     Checkpointer,
     LedgerFile,
@@ -42,7 +42,7 @@ from fedsim.run.callbacks import (
     RunCallback,
     Tracking,
 )
-from fedsim.run.engines import execute, quiet_flower
+from fedsim.runner.engines import execute, quiet_flower
 
 
 def default_run_dir(cfg: Config) -> Path:
@@ -71,13 +71,13 @@ def run_experiment(
     client_app : the Flower ClientApp to run (default ``clients.client_app.app``; tests
         pass a fault-injecting one).
     resume : continue the run in ``out_dir`` from its checkpoint. The caller has checked the
-        config against the checkpoint (:func:`fedsim.run.resume.resume_config`); ε is computed
+        config against the checkpoint (:func:`fedsim.runner.resume.resume_config`); ε is computed
         from the checkpoint's spec. Rows of ``metrics.jsonl`` after the checkpoint are discarded
         and recomputed; the result is bit-identical to an uninterrupted run.
     synthetic : simulated users (the gradient audit's canaries) that join the sampled and
-        accounted population; see :class:`fedsim.run.build.SyntheticUsers`.
+        accounted population; see :class:`fedsim.runner.build.SyntheticUsers`.
     deployment : execute on a Deployment Engine instead of the simulation engine
-        (:class:`fedsim.run.build.Deployment`: the ServerApp's grid, the census population, the
+        (:class:`fedsim.runner.build.Deployment`: the ServerApp's grid, the census population, the
         owners, the nodes to wait for, and the OS-drawn privacy key).
     callbacks : more callbacks, called after the built-in ones (metrics file, checkpoints,
         ledger, progress line, plots and the config's tracking). Default none.
@@ -86,10 +86,10 @@ def run_experiment(
 
     Returns the summary dict (also written to ``summary.json``).
 
-    The run folder is checked and locked (:mod:`fedsim.run.runfolder`) before any data is
+    The run folder is checked and locked (:mod:`fedsim.runner.runfolder`) before any data is
     loaded; a second process on the same folder is refused with the holder's PID.
     """
-    from fedsim.run.runfolder import prepare_out_dir
+    from fedsim.runner.runfolder import prepare_out_dir
 
     t_start = time.perf_counter()
     wanted = Path(out_dir) if out_dir is not None else default_run_dir(cfg)
@@ -117,7 +117,7 @@ def _locked_run(
     view: AuditView | None,
 ) -> dict[str, Any]:
     """:func:`run_experiment` inside the locked run folder ``out``."""
-    from fedsim.run.runfolder import RunFolderLock
+    from fedsim.runner.runfolder import RunFolderLock
 
     with RunFolderLock(out):
         if not resume and (out / "metrics.jsonl").exists():
@@ -131,7 +131,7 @@ def _locked_run(
         resumed_spec = None
         if resume:
             from fedsim.checkpoint import load_checkpoint
-            from fedsim.run.resume import checkpointed_spec
+            from fedsim.runner.resume import checkpointed_spec
 
             ckpt = load_checkpoint(out / "checkpoint")
             resumed_spec = checkpointed_spec(ckpt, out)
@@ -152,7 +152,7 @@ def _locked_run(
 def check_resumed_run(run: Run, ckpt: dict[str, Any], out: Path) -> None:
     """Refuse to resume a run on another engine than the one that wrote its checkpoint, or on
     another population (checkpoints from before these were recorded are not checked)."""
-    from fedsim.run.callbacks import population_sha256, run_engine
+    from fedsim.runner.callbacks import population_sha256, run_engine
 
     was, now = ckpt.get("engine"), run_engine(run)
     if was is not None and (was == "deployment") != (now == "deployment"):

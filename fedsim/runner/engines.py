@@ -1,7 +1,7 @@
 """Engines: where a built run's rounds execute.
 
 - ``ray``: Flower's simulation engine on Ray (workers in parallel, multi-node capable);
-- ``inprocess``: :class:`fedsim.run.inprocess.InProcessGrid`, the ClientApp called in this
+- ``inprocess``: :class:`fedsim.runner.inprocess.InProcessGrid`, the ClientApp called in this
   process one message after the other (no Ray);
 - a deployment: the Deployment Engine's grid that the deployed ServerApp was given
   (:mod:`fedsim.deploy.runconfig`).
@@ -23,7 +23,7 @@ import torch
 
 from fedsim.allocator import tune_allocator
 from fedsim.interrupt import StopRequest, descendants, kill_descendants, stop_on_signals
-from fedsim.run.build import Run
+from fedsim.runner.build import Run
 
 
 class _DropDeprecationBanner(logging.Filter):
@@ -109,14 +109,14 @@ def execute(run: Run, strategy: Any, client_app: Any, stop: StopRequest, resume_
             if deployment is not None:
                 strategy.run(deployment.grid)
             elif run.engine == "inprocess":
-                from fedsim.run.inprocess import InProcessGrid, task_identity
+                from fedsim.runner.inprocess import InProcessGrid, task_identity
 
                 with task_identity():
                     strategy.run(InProcessGrid(client_app, run.n_workers, stop=stop.event))
             else:
                 from flwr.simulation import run_simulation
 
-                from fedsim.run.dispatch import prompt_exchange
+                from fedsim.runner.dispatch import prompt_exchange
                 from fedsim.strategies.server_app import make_server_app
 
                 with prompt_exchange(strategy):

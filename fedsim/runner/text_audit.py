@@ -41,7 +41,7 @@ from fedsim.errors import FedsimError
 from fedsim.models import make_model
 from fedsim.seeding import derive_seed
 
-#: the attacks this module runs (``gradient`` is :mod:`fedsim.audit`).
+#: the attacks this module runs (``gradient`` is :mod:`fedsim.runner.audit`).
 TEXT_ATTACKS = ("canary", "user-inference")
 
 
@@ -196,7 +196,7 @@ def run_text_audit(
 
     Returns the dict written to ``audit.json``.
     """
-    from fedsim.run.runner import default_run_dir, run_experiment
+    from fedsim.runner.runner import default_run_dir, run_experiment
 
     opts.check()
     out = Path(out_dir) if out_dir is not None else default_run_dir(cfg).with_name(default_run_dir(cfg).name + "-audit")

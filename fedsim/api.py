@@ -1,0 +1,283 @@
+"""fedsim's Python API: what ``import fedsim`` offers (``fedsim.__all__``).
+
+These names are stable; every other module may move between versions. The CLI commands are thin
+shells around them: ``fedsim run`` is :func:`run`, ``fedsim privacy`` :func:`privacy_report`,
+``fedsim sweep`` :func:`sweep`, ``fedsim audit`` :func:`audit`.
+
+- :func:`load_config` — a validated experiment from a TOML file, a shipped experiment's name or a
+  dict, with ``dotted.key=value`` overrides;
+- :func:`run` — train it (or resume it) and get a :class:`RunResult`;
+- :func:`privacy_report` — ε, δ and the neighbouring relation without training;
+- :func:`sweep` — a sweep spec on Ray Tune;
+- :func:`audit` — an empirical privacy audit;
+- ``register_model``, ``register_dataset``, ``register_filter``, ``register_optimizer``,
+  ``register_mechanism`` — add a part to its registry, so configs can name it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedsim.errors import FedsimError
+
+ConfigLike = Any  # a path, a shipped experiment's name, a dict, or a fedsim.config.Config
+
+
+def load_config(source: str | Path | dict[str, Any] | None = None, overrides: Sequence[str] = ()) -> Any:
+    """A validated experiment config (:class:`fedsim.config.Config`).
+
+    Parameters
+    ----------
+    source : a TOML file, the name of a shipped experiment (``fedsim experiments`` lists them),
+        a dict with the TOML's tables, or None for the bundled default experiment.
+    overrides : ``dotted.key=value`` items (TOML values), applied in order, as ``--set``.
+        Default none.
+
+    Raises :class:`FedsimError` naming every bad key; nothing runs.
+    """
+    from fedsim import plugins
+
+    if isinstance(source, dict):
+        source = plugins.of_table(json.loads(json.dumps(source)), "the config dict")
+    else:
+        plugins.of_file(source)
+    from fedsim import config as c
+
+    if isinstance(source, dict):
+        return c.config_from_dict(c.apply_overrides(json.loads(json.dumps(source)), list(overrides)))
+    return c.load_config(source, list(overrides))
+
+
+def _as_config(config: ConfigLike, overrides: Sequence[str] = ()) -> Any:
+    from fedsim.config import Config
+
+    if isinstance(config, Config):
+        if overrides:
+            return load_config(config.model_dump(mode="json", exclude_none=True), overrides)
+        return config
+    return load_config(config, overrides)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished (or resumed and finished) run gives back.
+
+    run_folder : the run folder (``config.toml``, ``metrics.jsonl``, ``ledger.json``,
+        ``summary.json``, ``checkpoint/``).
+    summary : ``summary.json`` as a dict.
+    metrics : the rows of ``metrics.jsonl``, one per round.
+    epsilon / delta : the guarantee after the last round (from the ledger).
+    neighboring_relation : what ε is stated for (``add_or_remove_one`` or ``zero_out``).
+    """
+
+    run_folder: Path
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    epsilon: float
+    delta: float
+    neighboring_relation: str
+
+    @property
+    def final_parameters(self) -> torch.Tensor:
+        """The final model ``x_T`` as one flat float32 vector (from the checkpoint)."""
+        from fedsim.checkpoint import load_checkpoint
+
+        return load_checkpoint(self.run_folder / "checkpoint")["server"]["params"].detach().cpu()
+
+    def final_model(self) -> torch.nn.Module:
+        """The final model as a PyTorch module of the run's architecture."""
+        from torch.nn.utils import vector_to_parameters
+
+        from fedsim.data import load_federated
+        from fedsim.models import make_model
+
+        cfg = load_config(self.run_folder / "config.toml")
+        model = make_model(
+            cfg.model.name, load_federated(cfg.data).model_dims(), dp_layers=cfg.privacy.unit == "example"
+        )
+        vector_to_parameters(self.final_parameters.to(torch.float32), model.parameters())
+        return model
+
+
+def _result(summary: dict[str, Any]) -> RunResult:
+    folder = Path(summary["run_folder"])
+    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
+    eps = summary["epsilon"]
+    return RunResult(
+        folder,
+        summary,
+        rows,
+        float("inf") if eps in (None, "inf") else float(eps),
+        float(summary["delta"]),
+        str(summary.get("neighboring_relation")),
+    )
+
+
+def run(
+    config: ConfigLike = None,
+    out: str | Path | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    resume: str | Path | None = None,
+    force: Sequence[str] = (),
+    progress: bool = False,
+) -> RunResult:
+    """Train an experiment and write its run folder (``fedsim run``).
+
+    Parameters
+    ----------
+    config : a path, a shipped experiment's name, a dict or a loaded config; None: the default.
+    out : the run folder (default ``runs/<timestamp>-<name>``); it must not hold a run.
+    overrides : ``dotted.key=value`` items, as ``--set``.
+    resume : a run folder to continue from its checkpoint (bit-identical to an uninterrupted
+        run); ``config`` may then be None (the folder's own), and ``force`` lists the keys that
+        may differ (as ``fedsim run --resume --force``).
+    progress : print the header and progress line. Default False.
+    """
+    from fedsim.runner import run_experiment
+
+    if resume is not None:
+        from fedsim.runner.resume import resume_config
+
+        if out is not None:
+            raise FedsimError("resume= writes into that folder; drop out=")
+        folder = Path(resume)
+        if not folder.is_dir():
+            raise FedsimError(f"resume={folder}: no such run folder")
+        from fedsim import plugins
+
+        plugins.of_file(folder / "config.toml")
+        cfg = resume_config(folder, None if config is None else Path(config), list(overrides), list(force))
+        return _result(run_experiment(cfg, folder, progress=progress, resume=True))
+    if force:
+        raise FedsimError("force= applies only with resume=")
+    return _result(run_experiment(_as_config(config, overrides), out, progress=progress))
+
+
+def privacy_report(
+    config: ConfigLike = None, population: int | None = None, overrides: Sequence[str] = ()
+) -> dict[str, Any]:
+    """ε, δ, the noise multiplier, the scheme and the neighbouring relation of an experiment,
+    without training (``fedsim privacy --json``).
+
+    Parameters
+    ----------
+    config : as for :func:`run`.
+    population : ``N`` (what-if: the data are not loaded). Default: the data's users (or
+        ``privacy.population``).
+    overrides : ``dotted.key=value`` items.
+    """
+    from fedsim.runner import note_max_users
+    from fedsim.runner import privacy_report as report
+
+    cfg = _as_config(config, overrides)
+    if population is None:
+        if cfg.privacy.population is not None:
+            population = int(cfg.privacy.population)
+        else:
+            from fedsim.data import load_federated
+
+            population = load_federated(cfg.data).population
+            note_max_users(cfg, population)
+    if population < 1:
+        raise FedsimError("population must be ≥ 1")
+    return report(cfg, int(population))
+
+
+def sweep(
+    spec: str | Path,
+    out: str | Path | None = None,
+    *,
+    address: str | None = None,
+    resume: bool = False,
+    only: str | None = None,
+    overrides: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Run (or resume) a sweep spec on Ray Tune (``fedsim sweep``); returns ``sweep.json``'s dict.
+
+    Parameters
+    ----------
+    spec : the sweep spec (TOML with a ``[sweep]`` table).
+    out : the sweep folder (default ``runs/sweeps/<name>``).
+    address : a Ray cluster's ``HOST:PORT`` to join instead of a local Ray.
+    resume : finish a killed sweep in ``out``.
+    only : run only the trials whose name has each comma-separated part.
+    overrides : ``dotted.key=value`` items applied to every trial (a smoke run: ``rounds=2``).
+    """
+    from fedsim import plugins
+
+    plugins.of_sweep(spec, out if resume else None)
+    from fedsim.runner.sweep import run_sweep
+
+    return run_sweep(spec, out, address=address, resume=resume, only=only, overrides=list(overrides))
+
+
+def audit(
+    config: ConfigLike = None,
+    out: str | Path | None = None,
+    *,
+    attack: str = "gradient",
+    canaries: int = 1000,
+    overrides: Sequence[str] = (),
+    progress: bool = False,
+) -> dict[str, Any]:
+    """An empirical privacy audit of an experiment (``fedsim audit``); returns ``audit.json``'s dict.
+
+    Parameters
+    ----------
+    config : as for :func:`run`.
+    out : the audited run's folder (default ``runs/<timestamp>-<name>``).
+    attack : ``gradient`` (random-direction canary users; a one-shot ε estimate). The text attacks
+        (``canary``, ``user-inference``) run from the CLI.
+    canaries : ``M``, canary users added to the population. Default 1000.
+    overrides : ``dotted.key=value`` items.
+    progress : print the run's progress. Default False.
+    """
+    if attack != "gradient":
+        raise FedsimError(f"attack={attack!r}: the Python API runs 'gradient'; use `fedsim audit --attack {attack}`")
+    from fedsim.runner.audit import run_audit
+
+    return run_audit(_as_config(config, overrides), None if out is None else Path(out), canaries, progress=progress)
+
+
+def register_model(kind: Any) -> Any:
+    """Register a model (:class:`fedsim.models.ModelKind`: name, task, module class, kwargs,
+    summary) so that ``model.name`` can name it. Register before the first config is loaded."""
+    from fedsim.models import register_model as add
+
+    return add(kind)
+
+
+def register_dataset(kind: Any) -> Any:
+    """Register a dataset (:class:`fedsim.data.registry.DatasetKind`) for ``data.name``."""
+    from fedsim.data.registry import register_dataset as add
+
+    return add(kind)
+
+
+def register_filter(name: str, kind: Any, options: Any) -> Any:
+    """Register a server filter for ``filter.name`` (its options model's ``name`` must be
+    ``Literal[name]`` with default ``name``)."""
+    from fedsim.filters.base import FILTERS
+
+    return FILTERS.add(name, kind, options=options)
+
+
+def register_optimizer(name: str, kind: Any, options: Any) -> Any:
+    """Register a server optimizer for ``server.optimizer`` (options as for filters)."""
+    from fedsim.optim import OPTIMIZERS
+
+    return OPTIMIZERS.add(name, kind, options=options)
+
+
+def register_mechanism(name: str, mechanism: Any, options: Any | None = None) -> Any:
+    """Register a noise mechanism for ``privacy.mechanism``."""
+    from fedsim.privacy.mechanisms.registry import MECHANISMS
+
+    return MECHANISMS.add(name, mechanism, options=options)

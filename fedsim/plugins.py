@@ -1,0 +1,179 @@
+"""Plugins: user code that registers parts (models, datasets, filters, optimizers, mechanisms)
+before fedsim builds its config schema from the registries.
+
+A plugin is a module name (``my_package.my_module``, importable from ``sys.path``) or a Python
+file (``path/to/parts.py``; in a config file a relative path is taken from the file's folder,
+elsewhere from the current directory; it is recorded absolute). Three ways to load one, all before ``fedsim.config`` builds its schema:
+
+- the config key ``plugins = [...]``: every fedsim entry point that reads a config (the CLI, the
+  Python API, a resume, the deployed ServerApp) imports them first;
+- the environment variable ``FEDSIM_PLUGINS`` (``os.pathsep``-separated): fedsim sets it once a
+  config's plugins are loaded, so every process the run starts — Ray workers, Tune trials —
+  imports them too; an operator sets it for a SuperNode;
+- the entry-point group ``fedsim.plugins`` of installed packages.
+
+A plugin that fails to import, or registers a name twice, is a one-line :class:`FedsimError`
+naming it. A plugin must not import ``fedsim.config`` itself (the schema is built after it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from fedsim.errors import FedsimError
+
+ENV = "FEDSIM_PLUGINS"
+ENTRY_POINT_GROUP = "fedsim.plugins"
+#: plugin spec (a module name or an absolute file path) → the module it was imported as
+LOADED: dict[str, str] = {}
+_startup_done = False
+
+
+def is_file(spec: str) -> bool:
+    """Whether ``spec`` names a Python file rather than a module."""
+    return spec.endswith(".py") or os.sep in spec or "/" in spec
+
+
+def resolve(spec: str) -> str:
+    """``spec`` as recorded: a module name unchanged, a file path absolute."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise FedsimError(f"plugins: {spec!r} is not a module name or a .py file path")
+    return str(Path(spec).expanduser().resolve()) if is_file(spec) else spec.strip()
+
+
+def _import_file(path: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no such file: {p}")
+    name = f"fedsim_plugin_{p.stem}_{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+    spec = importlib.util.spec_from_file_location(name, p)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {p}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return name
+
+
+def load(specs: Iterable[str], origin: str) -> list[str]:
+    """Import each plugin of ``specs`` once (``origin`` says where they were listed, for errors);
+    return them as recorded. Adds them to ``FEDSIM_PLUGINS`` for the processes started later."""
+    out = []
+    for raw in specs:
+        spec = resolve(raw)
+        out.append(spec)
+        if spec in LOADED:
+            continue
+        try:
+            LOADED[spec] = _import_file(spec) if is_file(spec) else importlib.import_module(spec).__name__
+        except FedsimError as e:
+            raise FedsimError(f"plugin {spec!r} (from {origin}): {e}") from None
+        except Exception as e:
+            raise FedsimError(f"plugin {spec!r} (from {origin}) failed to import: {type(e).__name__}: {e}") from None
+    _export()
+    return out
+
+
+def _export() -> None:
+    if LOADED:
+        os.environ[ENV] = os.pathsep.join(LOADED)
+
+
+def load_startup() -> None:
+    """Load the plugins of ``FEDSIM_PLUGINS`` and of the ``fedsim.plugins`` entry points (once per
+    process; ``fedsim.config`` calls it before building its schema)."""
+    global _startup_done
+    if _startup_done:
+        return
+    _startup_done = True
+    env = [s for s in os.environ.get(ENV, "").split(os.pathsep) if s.strip()]
+    if env:
+        load(env, f"${ENV}")
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.value in LOADED:
+            continue
+        try:
+            ep.load()
+        except Exception as e:
+            raise FedsimError(
+                f"plugin entry point {ep.name!r} ({ep.value}) failed to import: {type(e).__name__}: {e}"
+            ) from None
+        LOADED[ep.value] = ep.value
+    _export()
+
+
+def relative_to(raw: Any, folder: Path) -> Any:
+    """``raw`` with the relative file paths of its ``plugins`` taken from ``folder`` (a config
+    file's own folder), so that a config names its plugins wherever fedsim is started from."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("plugins"), list):
+        return raw
+    specs = [
+        str(folder / s) if isinstance(s, str) and is_file(s) and not Path(s).expanduser().is_absolute() else s
+        for s in raw["plugins"]
+    ]
+    return {**raw, "plugins": specs}
+
+
+def of_table(raw: Any, origin: str) -> Any:
+    """Load the plugins a raw config table lists (``plugins = [...]``), before the schema is
+    built; returns the table with their specs as recorded (file paths absolute)."""
+    if not isinstance(raw, dict) or "plugins" not in raw:
+        return raw
+    specs = raw["plugins"]
+    if not isinstance(specs, list):
+        raise FedsimError(f"plugins (in {origin}): expected a list of module names or .py paths")
+    return {**raw, "plugins": load(specs, origin)}
+
+
+def of_file(path: str | Path | None) -> None:
+    """Load the plugins listed in the config file ``path`` (None, a missing or unreadable file:
+    nothing; the config loader reports those)."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.suffix != ".toml" or not p.is_file():
+        return
+    try:
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return
+    of_table(relative_to(raw, p.resolve().parent), str(p))
+
+
+def of_sweep(spec: str | Path | None, resume: str | Path | None = None) -> None:
+    """Load the plugins of a sweep: its base config's (``sweep.config``, relative to the spec), or
+    for a resumed sweep those of the base table recorded in its ``plan.json``."""
+    if resume is not None:
+        plan = Path(resume) / "plan.json"
+        if plan.is_file():
+            import json
+
+            try:
+                of_table(json.loads(plan.read_text(encoding="utf-8")).get("base_config"), str(plan))
+            except (OSError, ValueError, AttributeError):
+                return
+        return
+    p = Path(spec) if spec is not None else None
+    if p is None or not p.is_file():
+        return
+    try:
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return
+    base = raw.get("sweep", {}).get("config") if isinstance(raw.get("sweep"), dict) else None
+    if isinstance(base, str):
+        of_file(p.parent / base)
