@@ -34,6 +34,7 @@ class DPServer:
     expected_cohort : ``K̄``, the fixed denominator.
     filter : optional server-side filter applied to ``ĝ_t`` before the optimizer
         (``step(update) -> update``, ``state_dict()``), e.g. from :func:`fedsim.filters.make_filter`.
+        An optimizer with ``uses_raw`` (LP-Adam) also gets ``−ĝ_t`` from before the filter.
     clip_controller : optional :class:`~fedsim.privacy.adaptive_clip.AdaptiveClip`; then
         ``clip_norm`` is ``c_t`` of the current round and moves after every step, and
         ``noise_multiplier`` is the update's share ``z_Δ``.
@@ -117,16 +118,17 @@ class DPServer:
             self.error_feedback.step(fed, residual_sum.to(self.params.device) / self.expected_cohort)
         if self.trace_index is not None:
             self.trace["before"].append(g_hat[self.trace_index].detach().cpu().clone())
+        raw = g_hat if self.optimizer.uses_raw else None  # ĝ_t before the filter (LP-Adam's v)
         if self.filter is not None:
-            g_hat = self.filter.step(g_hat)
+            g_hat = self.filter.step(g_hat)  # a new tensor: ``raw`` is unchanged
         if self.trace_index is not None:
             self.trace["after"].append(g_hat[self.trace_index].detach().cpu().clone())
         if self.track_step:
             before = self.params.clone()
-            self.optimizer.step(self.params, g_hat.neg())
+            self._optimizer_step(g_hat, raw)
             self.last_step = self.params - before
         else:
-            self.optimizer.step(self.params, g_hat.neg())
+            self._optimizer_step(g_hat, raw)
         eps = self.ledger.record_round(t, realized_cohort, clip_norm=self.clip_norm)
         if self.clip_controller is not None:
             if centred_count is None:
@@ -134,6 +136,15 @@ class DPServer:
             self.clip_norm = self.clip_controller.step(centred_count, t)
         self.round += 1
         return eps
+
+    def _optimizer_step(self, g_hat: torch.Tensor, raw: torch.Tensor | None) -> None:
+        """Step the optimizer on ``−ĝ_t`` (after the filter) and, for optimizers that read it
+        (``uses_raw``), ``−ĝ_t`` before the filter (``raw``; None for the others)."""
+        grad = g_hat.neg()
+        if raw is None:
+            self.optimizer.step(self.params, grad)
+        else:
+            self.optimizer.step(self.params, grad, grad if raw is g_hat else raw.neg())
 
     def enable_trace(self, count: int, seed: int) -> None:
         """Log ``count`` seeded coordinates of ``ĝ_t`` before and after the filter each round."""
@@ -191,7 +202,8 @@ def noise_variance_fn(
     impulse: np.ndarray | None,
 ) -> Callable[[int], float]:
     """``Φ_t``: the exact per-coordinate variance of the DP noise inside the (filtered)
-    update of round ``t`` (docs/algorithms.md §7), for DP-AdamBC.
+    update of round ``t`` (docs/algorithms.md §7), for DP-AdamBC (``impulse`` = the filter's
+    ``H``) and LP-AdamBC (``impulse`` None: its second moment reads the unfiltered update).
 
     The noise in ``ĝ_t`` is ``(c·z·sens/K̄)·n_t`` with ``n = M·Z``; a linear per-coordinate
     filter with impulse response ``H`` turns it into ``(c·z·sens/K̄)·(H·M·Z)_t``, whose

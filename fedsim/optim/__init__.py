@@ -11,6 +11,15 @@ mean model delta) and updates the flat parameters in place:
 - ``yogi``:     as ``adam`` but ``v ← v − (1−β2) g² sign(v − g²)``, ``v_{−1} = τ²``   (FedYogi)
 - ``adambc``:   DP-AdamBC (docs/algorithms.md §7): ``φ_t = β2 φ_{t−1} + (1−β2) Φ_t``;
   ``v̂ = max((v_t − φ_t)/(1−β2^{t+1}), γ′_t)``; ``x ← x − η m̂ / √v̂`` (no additive ε)
+- ``lp_adam``:  DOPPLER's LP-Adam (paper 001, App. C.2, Alg. 3): ``m̂`` is the filter's output
+  ``g`` itself (no β1 EMA); ``v ← β2 v + (1−β2) r²`` from the UNFILTERED pseudo-gradient
+  ``r = −ĝ_t`` (before the filter); ``x ← x − η g / max(√(v/(1−β2^{t+1})), ε)``
+- ``lp_adambc``: LP-Adam with DP-AdamBC's correction: ``φ_t`` from ``Φ_t`` of the unfiltered
+  noise; ``v̂ = max((v_t − φ_t)/(1−β2^{t+1}), γ′_t)``; ``x ← x − η g / √v̂``
+
+The LP variants read both vectors: :meth:`ServerOptimizer.step` takes the unfiltered
+pseudo-gradient as ``raw`` (:class:`fedsim.server.DPServer` passes it to optimizers with
+``uses_raw``; every other optimizer ignores it).
 
 All are post-processing of the DP release: they never change ε.
 """
@@ -32,9 +41,13 @@ from fedsim.registry import ChoiceOptions, Registry, validate_options
 
 
 class ServerOptimizer(ABC):
-    """Base class. ``step(x, g)`` updates ``x`` in place; ``t`` counts steps taken."""
+    """Base class. ``step(x, g)`` updates ``x`` in place; ``t`` counts steps taken.
+
+    ``uses_raw``: whether the optimizer also reads the unfiltered pseudo-gradient ``raw`` (the
+    DOPPLER LP variants); the server computes and passes it only to those."""
 
     name = "base"
+    uses_raw = False
 
     def __init__(self, lr: float) -> None:
         if lr <= 0:
@@ -42,9 +55,20 @@ class ServerOptimizer(ABC):
         self.lr = float(lr)
         self.t = 0
 
-    def step(self, params: torch.Tensor, grad: torch.Tensor) -> None:
-        self._step(params, grad)
+    def step(self, params: torch.Tensor, grad: torch.Tensor, raw: torch.Tensor | None = None) -> None:
+        """Update ``params`` in place from the pseudo-gradient ``grad`` (``−ĝ_t`` after any filter).
+
+        ``raw`` is ``−ĝ_t`` before the filter; only optimizers with ``uses_raw`` read it (for
+        them None means "no filter": ``raw`` is ``grad``). Neither tensor is modified."""
+        if self.uses_raw:
+            self._step_raw(params, grad, grad if raw is None else raw)
+        else:
+            self._step(params, grad)
         self.t += 1
+
+    def _step_raw(self, params: torch.Tensor, grad: torch.Tensor, raw: torch.Tensor) -> None:
+        """Update ``params`` from ``grad`` and the unfiltered ``raw`` (optimizers with ``uses_raw``)."""
+        raise NotImplementedError(f"{self.name} does not read the unfiltered pseudo-gradient")
 
     @abstractmethod
     def _step(self, params: torch.Tensor, grad: torch.Tensor) -> None:
@@ -319,6 +343,101 @@ class AdamBC(ServerOptimizer):
         params.addcdiv_(m_hat, v_hat.sqrt_(), value=-self.lr)
 
 
+class LPAdam(ServerOptimizer):
+    """DOPPLER's LP-Adam (the DOPPLER paper, App. C.2, Algorithm 3; docs/algorithms.md §7).
+
+    The low-pass filter before the optimizer *is* the first moment; the second moment comes
+    from the unfiltered noisy pseudo-gradient ``r_t = −ĝ_t``::
+
+        m̂_t = g_t                                  (the filter's normalised output; no β1 EMA)
+        v_t  = β2 v_{t−1} + (1−β2) r_t²             (v_{−1} = 0)
+        v̂_t = v_t / (1−β2^{t+1})
+        x   ← x − η · m̂_t / max(√v̂_t, ε)
+
+    Without a filter ``g_t = r_t`` and this is Adam with ``β1 = 0`` and ``ε`` as a floor of
+    ``√v̂`` (the paper's "SGD" row of its filter table, ``b = 1``).
+
+    Parameters
+    ----------
+    lr : float
+        Server learning rate η (> 0).
+    beta2 : float
+        Second-moment decay, in ``[0, 1)``.
+    eps : float
+        Floor of ``√v̂`` (> 0): the paper's ``max{√v̂, ε}``, not Adam's additive τ.
+    """
+
+    name = "lp_adam"
+    uses_raw = True
+
+    def __init__(self, lr: float, beta2: float = 0.99, eps: float = 1e-3) -> None:
+        super().__init__(lr)
+        _check_betas(0.0, beta2)
+        if not (math.isfinite(eps) and eps > 0):
+            raise FedsimError(f"server.eps must be finite and > 0 (got {eps})")
+        self.beta2, self.eps = float(beta2), float(eps)
+        self.v: torch.Tensor | None = None
+
+    def _tensors(self) -> dict[str, torch.Tensor | None]:
+        return {"v": self.v}
+
+    def _step(self, params: torch.Tensor, grad: torch.Tensor) -> None:
+        self._step_raw(params, grad, grad)
+
+    def v_hat(self) -> torch.Tensor:
+        """``v̂`` of the most recent step: ``v_t/(1−β2^{t+1})``."""
+        if self.v is None:
+            raise FedsimError(f"{self.name}: no step taken yet, v̂ is undefined")
+        return self.v / (1 - self.beta2**self.t)
+
+    def _step_raw(self, params: torch.Tensor, grad: torch.Tensor, raw: torch.Tensor) -> None:
+        if self.v is None:
+            self.v = torch.zeros_like(params)
+        self.v.mul_(self.beta2).addcmul_(raw, raw, value=1 - self.beta2)
+        v_hat = self.v / (1 - self.beta2 ** (self.t + 1))
+        params.addcdiv_(grad, v_hat.sqrt_().clamp_(min=self.eps), value=-self.lr)
+
+
+class LPAdamBC(AdamBC):
+    """LP-AdamBC: :class:`LPAdam` with DP-AdamBC's bias correction of the second moment.
+
+    With ``Φ_t = noise_variance(t)``, the DP-noise variance of the UNFILTERED pseudo-gradient
+    ``r_t`` (the stream ``v`` is built from, so no filter in it)::
+
+        m̂_t = g_t                                   (the filter's output)
+        v_t  = β2 v_{t−1} + (1−β2) r_t²
+        φ_t  = β2 φ_{t−1} + (1−β2) Φ_t              (φ_{−1} = 0)
+        v̂_t = max((v_t − φ_t)/(1−β2^{t+1}), γ′_t),  γ′_t = max(gamma_frac·Φ_t, 1e-30)
+        x   ← x − η · m̂_t / √v̂_t                    (no ε)
+
+    Parameters are :class:`AdamBC`'s without ``beta1`` (there is no first-moment EMA), and
+    ``bias_correct`` is always on; ``m`` stays None.
+    """
+
+    name = "lp_adambc"
+    uses_raw = True
+
+    def __init__(
+        self, lr: float, noise_variance: Callable[[int], float], beta2: float = 0.99, gamma_frac: float = 0.01
+    ) -> None:
+        super().__init__(lr, noise_variance, beta1=0.0, beta2=beta2, gamma_frac=gamma_frac)
+
+    def _tensors(self) -> dict[str, torch.Tensor | None]:
+        return {"v": self.v, "phi": self.phi}
+
+    def _step(self, params: torch.Tensor, grad: torch.Tensor) -> None:
+        self._step_raw(params, grad, grad)
+
+    def _step_raw(self, params: torch.Tensor, grad: torch.Tensor, raw: torch.Tensor) -> None:
+        if self.v is None:
+            self.v = torch.zeros_like(params)
+        t = self.t
+        phi_t = self.noise_var(t)
+        self.v.mul_(self.beta2).addcmul_(raw, raw, value=1 - self.beta2)
+        self.phi = self.phi * self.beta2 + (1 - self.beta2) * phi_t
+        params.addcdiv_(grad, self.v_hat(t).sqrt_(), value=-self.lr)
+
+
 def _check_betas(beta1: float, beta2: float) -> None:
     for nm, b in (("beta1", beta1), ("beta2", beta2)):
         if not 0 <= b < 1:
@@ -401,6 +520,36 @@ class AdamBCOptions(_Moments):
     gamma_frac: float = Field(default=0.01, gt=0)
 
 
+class LPAdamOptions(OptimizerOptions):
+    """``server.optimizer = "lp_adam"`` (DOPPLER's LP-Adam: the filter's output is the first
+    moment, the second moment comes from the unfiltered noisy update).
+
+    Parameters
+    ----------
+    beta2 : second-moment decay. Default 0.99.
+    eps : floor of √v̂ (``max{√v̂, ε}``). Default 1e-3.
+    """
+
+    optimizer: Literal["lp_adam"] = "lp_adam"
+    beta2: float = Field(default=0.99, ge=0, lt=1)
+    eps: float = Field(default=1e-3, gt=0)
+
+
+class LPAdamBCOptions(OptimizerOptions):
+    """``server.optimizer = "lp_adambc"`` (LP-Adam with DP-AdamBC's correction: Φ_t of the unfiltered
+    noisy update removed from the second moment; no ε).
+
+    Parameters
+    ----------
+    beta2 : second-moment decay. Default 0.99.
+    gamma_frac : the floor γ′ as a fraction of Φ_t. Default 0.01.
+    """
+
+    optimizer: Literal["lp_adambc"] = "lp_adambc"
+    beta2: float = Field(default=0.99, ge=0, lt=1)
+    gamma_frac: float = Field(default=0.01, gt=0)
+
+
 @dataclass(frozen=True)
 class OptimizerKind:
     """A registered server optimizer.
@@ -412,12 +561,16 @@ class OptimizerKind:
     build : ``(options, lr, noise_variance)`` → a fresh optimizer (``noise_variance``: ``t ↦ Φ_t``,
         None when the run has no noise).
     summary : one line for the docs and ``--help``.
+    noise_variance : which ``Φ_t`` ``build`` needs: ``None`` (none), ``"filtered"`` (the noise in
+        the vector after the server filter, ``adambc``) or ``"unfiltered"`` (before it, the LP
+        variants' second moment).
     """
 
     name: str
     options: type[OptimizerOptions]
     build: Callable[[Any, float, Callable[[int], float] | None], ServerOptimizer]
     summary: str
+    noise_variance: Literal["filtered", "unfiltered"] | None = None
 
 
 #: The server optimizers, by ``server.optimizer``.
@@ -434,6 +587,16 @@ def _adambc(o: AdamBCOptions, lr: float, noise_variance: Callable[[int], float] 
     return AdamBC(lr, noise_variance, o.beta1, o.beta2, o.gamma_frac)
 
 
+def _lp_adambc(o: LPAdamBCOptions, lr: float, noise_variance: Callable[[int], float] | None) -> ServerOptimizer:
+    if noise_variance is None:
+        raise FedsimError(
+            "server.optimizer = 'lp_adambc' needs the noise mechanism's per-coordinate "
+            "variance Φ_t of the unfiltered update (noise_variance); it is computed from the DP "
+            "noise, so lp_adambc requires a DP run with noise"
+        )
+    return LPAdamBC(lr, noise_variance, o.beta2, o.gamma_frac)
+
+
 for _kind in (
     OptimizerKind("sgd", SGDOptions, lambda o, lr, _: SGD(lr), "x ← x − η g (FedAvg when η = 1)"),
     OptimizerKind(
@@ -445,7 +608,22 @@ for _kind in (
     OptimizerKind(
         "yogi", YogiOptions, lambda o, lr, _: Yogi(lr, o.beta1, o.beta2, o.eps, o.bias_correction), "FedYogi"
     ),
-    OptimizerKind("adambc", AdamBCOptions, _adambc, "DP-AdamBC: Adam with the DP noise variance Φ_t removed"),
+    OptimizerKind(
+        "adambc", AdamBCOptions, _adambc, "DP-AdamBC: Adam with the DP noise variance Φ_t removed", "filtered"
+    ),
+    OptimizerKind(
+        "lp_adam",
+        LPAdamOptions,
+        lambda o, lr, _: LPAdam(lr, o.beta2, o.eps),
+        "DOPPLER's LP-Adam: m = the filter's output, v from the unfiltered update",
+    ),
+    OptimizerKind(
+        "lp_adambc",
+        LPAdamBCOptions,
+        _lp_adambc,
+        "LP-Adam with the unfiltered DP noise variance Φ_t removed from v",
+        "unfiltered",
+    ),
 ):
     OPTIMIZERS.add(_kind.name, _kind, options=_kind.options)
 
@@ -457,17 +635,19 @@ def make_optimizer(
 
     Parameters
     ----------
-    name : ``sgd`` | ``momentum`` | ``adam`` | ``yogi`` | ``adambc`` (:data:`OPTIMIZERS`).
+    name : ``sgd`` | ``momentum`` | ``adam`` | ``yogi`` | ``adambc`` | ``lp_adam`` | ``lp_adambc``
+        (:data:`OPTIMIZERS`).
     lr : the server step size η.
-    noise_variance : ``t ↦ Φ_t`` from the noise mechanism; required for ``adambc``.
+    noise_variance : ``t ↦ Φ_t`` from the noise mechanism; required for ``adambc`` (after the
+        filter) and ``lp_adambc`` (before it).
     **options : the optimizer's options (its options model: ``momentum``; ``beta1``, ``beta2``,
         ``eps``, ``bias_correction``; ``gamma_frac``); None values take the defaults.
 
     Raises
     ------
     FedsimError
-        Unknown name, an option the optimizer does not take, bad hyperparameters, or ``adambc``
-        without ``noise_variance``.
+        Unknown name, an option the optimizer does not take, bad hyperparameters, or ``adambc`` /
+        ``lp_adambc`` without ``noise_variance``.
     """
     kind = OPTIMIZERS.get_part(name)
     opts = validate_options(kind.options, {"optimizer": name, **options}, f"server optimizer {name!r}", "server")
