@@ -66,6 +66,7 @@ _API = (
     "privacy_report",
     "register_dataset",
     "register_filter",
+    "register_local_update",
     "register_mechanism",
     "register_model",
     "register_optimizer",

@@ -11,7 +11,8 @@ shells around them: ``fedsim run`` is :func:`run`, ``fedsim privacy`` :func:`pri
 - :func:`sweep` — a sweep spec on Ray Tune;
 - :func:`audit` — an empirical privacy audit;
 - ``register_model``, ``register_dataset``, ``register_filter``, ``register_optimizer``,
-  ``register_mechanism`` — add a part to its registry, so configs can name it.
+  ``register_mechanism``, ``register_local_update`` — add a part to its registry, so configs can
+  name it.
 """
 
 from __future__ import annotations
@@ -281,3 +282,12 @@ def register_mechanism(name: str, mechanism: Any, options: Any | None = None) ->
     from fedsim.privacy.mechanisms.registry import MECHANISMS
 
     return MECHANISMS.add(name, mechanism, options=options)
+
+
+def register_local_update(name: str, update: Any) -> Any:
+    """Register a local update for ``client.local_update`` (:mod:`fedsim.local_updates`):
+    ``update(model, batches, loss, spec) -> mean loss`` trains the model in place; fedsim
+    isolates each user and clips the result."""
+    from fedsim.local_updates import register_local_update as add
+
+    return add(name, update)

@@ -133,6 +133,9 @@ class ClientConfig(_Section):
         must be ``≥ c₁`` (the bias-free fixed point needs it).
     error_feedback_memory_mb : ``client`` error feedback keeps one vector per user; runs whose
         worst case (``N·d`` float32) exceeds this many MiB are refused. Default 2048.
+    local_update : a registered local update (:mod:`fedsim.local_updates`, from a plugin) that
+        trains each user instead of fedsim's local SGD; fedsim still isolates each user and clips
+        the result. Default unset (local SGD).
     """
 
     local_epochs: int = Field(default=1, ge=1, le=1000)
@@ -143,6 +146,16 @@ class ClientConfig(_Section):
     error_feedback: Literal["none", "client", "server"] = "none"
     ef_clip_norm: float | None = Field(default=None, gt=0)
     error_feedback_memory_mb: float = Field(default=2048.0, gt=0)
+    local_update: str | None = None
+
+    @field_validator("local_update")
+    @classmethod
+    def _registered_update(cls, value: str | None) -> str | None:
+        if value is not None:
+            from fedsim.local_updates import LOCAL_UPDATES
+
+            LOCAL_UPDATES.get_part(value)  # a FedsimError listing the registered ones
+        return value
 
     @model_validator(mode="after")
     def _c2_at_least_c1(self) -> ClientConfig:
@@ -583,6 +596,15 @@ class Config(_Section):
         """Every plugin imported (those the entry points read first are already; a new one here
         can register nothing once the schema is built, and says so)."""
         return None if value is None else _plugins.load(value, "the config's plugins")
+
+    @model_validator(mode="after")
+    def _local_update_fits(self) -> Config:
+        if self.client.local_update is not None and self.privacy.unit == "example":
+            raise ValueError(
+                "client.local_update with privacy.unit = 'example': silos train with Opacus DP-SGD, "
+                "not a local update hook; drop one of them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _model_fits_data(self) -> Config:

@@ -20,7 +20,7 @@ are unaffected, so the server never has to drop a multi-user reply because of on
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,7 @@ class LocalTraining:
     fused_softmax: bool = False
     cuda_graphs: bool = False
     clip_stability: float | None = None
+    local_update: str | None = None
 
 
 @dataclass
@@ -158,6 +159,8 @@ def local_delta(
     model.train()
     g = make_generator(seed, "client", int(round_index), int(user))
     n = data.num_train(user)
+    if spec.local_update is not None:  # a registered hook trains; fedsim isolates and clips (caller)
+        return _hook_delta(model, params, x0, data, user, g, n, spec)
     # the step losses are read once, at the end: a read per step would make the host wait for a
     # GPU's every step instead of queueing the next
     step_losses: list[torch.Tensor] = []
@@ -189,6 +192,38 @@ def local_delta(
     for v in torch.stack(step_losses).tolist() if step_losses else []:
         loss_sum += v
     return delta, loss_sum / max(steps, 1), seen
+
+
+def _hook_delta(
+    model: nn.Module,
+    params: Sequence[torch.Tensor],
+    x0: torch.Tensor,
+    data: FederatedData,
+    user: int,
+    g: torch.Generator,
+    n: int,
+    spec: LocalTraining,
+) -> tuple[torch.Tensor, float, int]:
+    """``(Δ, loss, samples)`` of the registered local update ``spec.local_update``
+    (:mod:`fedsim.local_updates`) on the user's seeded batches."""
+    from fedsim.local_updates import LOCAL_UPDATES
+
+    update = LOCAL_UPDATES.get_part(str(spec.local_update))
+    dev = params[0].device
+    seen = [0]
+
+    def batches():
+        for _ in range(spec.epochs):
+            perm = torch.randperm(n, generator=g)[: spec.max_examples].numpy()
+            for s in range(0, len(perm), spec.batch_size):
+                xb, yb = data.train_samples(user, np.sort(perm[s : s + spec.batch_size]))
+                seen[0] += len(yb)
+                yield xb.to(dev), yb.to(dev)
+
+    loss = float(update(model, batches(), data.loss, spec))
+    with torch.no_grad():
+        delta = parameters_to_vector(list(model.parameters())) - x0
+    return delta, loss, seen[0]
 
 
 @dataclass(frozen=True)

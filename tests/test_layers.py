@@ -17,7 +17,8 @@ RUNNER_PACKAGE = "fedsim.runner"
 #: the Flower wrapper (:mod:`fedsim.flower`) builds its DP step with the runner's builder, so it is
 #: runner layer too: Flower glue for other people's apps.
 RUNNER_PACKAGES = (RUNNER_PACKAGE, "fedsim.flower")
-RUNNER = ("fedsim.api", "fedsim.cli", "fedsim.deploy.runconfig", "fedsim.deploy.serverapp")
+#: ``fedsim`` itself: its ``__getattr__`` loads the public API (:mod:`fedsim.api`) on first use
+RUNNER = ("fedsim", "fedsim.api", "fedsim.cli", "fedsim.deploy.runconfig", "fedsim.deploy.serverapp")
 #: Flower glue inside fedsim/ (typed record reads): may import Flower, not the runner.
 FLOWER_GLUE = ("fedsim.records",)
 

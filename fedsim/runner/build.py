@@ -269,14 +269,19 @@ def resolve_vectorize(
     :data:`~fedsim.vectorized.MAX_PARAMS` parameters (``num_params``). ``on`` batches both."""
     from fedsim.vectorized import MAX_PARAMS
 
-    other = disk_client or cfg.client.error_feedback != "none" or cfg.privacy.unit == "example"
+    other = (
+        disk_client
+        or cfg.client.error_feedback != "none"
+        or cfg.privacy.unit == "example"
+        or cfg.client.local_update is not None
+    )
     if cfg.sim.vectorize == "off":
         return False
     if cfg.sim.vectorize == "on" and (not model_ok or other):
         raise FedsimError(
             f"sim.vectorize = 'on': model.name = '{cfg.model.name}' "
             f"{'has recurrent layers other than nn.LSTM' if not model_ok else 'is fine, but'}"
-            f"{'' if not other else ' DiSK client evaluation, error feedback or example-level DP is on'};"
+            f"{'' if not other else ' DiSK client evaluation, error feedback, example-level DP or a local update hook is on'};"
             f" use sim.vectorize = 'auto' or 'off'"
         )
     if cfg.sim.vectorize == "auto" and (recurrent or num_params > MAX_PARAMS):
@@ -618,6 +623,7 @@ def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any, 
         fused_softmax=cfg.sim.fused_softmax == "auto",
         cuda_graphs=cfg.sim.cuda_graphs == "auto",
         clip_stability=cfg.clipping.stability if cfg.clipping.mode == "automatic" else None,
+        local_update=cfg.client.local_update,
     )
     disk = None
     if server.track_step:

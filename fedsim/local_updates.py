@@ -1,0 +1,39 @@
+"""Your own local training: a registered local update that fedsim runs inside its per-user
+isolation and clipping (``client.local_update = "name"``).
+
+A local update is a function ``update(model, batches, loss, spec) -> float``:
+
+- ``model``: the task's ``torch.nn.Module``, already holding the broadcast model ``x_t``;
+  train it in place (any optimizer, loss or number of steps);
+- ``batches``: an iterable of this user's ``(x, y)`` training batches — the same seeded batches
+  fedsim's own local SGD takes (``client.batch_size``, ``client.max_examples``,
+  ``client.local_epochs``), and nothing of any other user;
+- ``loss``: the dataset's loss, ``loss(model(x), y)``;
+- ``spec``: :class:`fedsim.training.LocalTraining` (``lr``, ``epochs``, … as configured);
+- returns the mean training loss (for the metrics; any float).
+
+fedsim then takes ``Δ = x_local − x_t`` and treats it as it treats its own: a ``Δ`` that is not
+finite contributes zero and is counted (``nonfinite_users``), one that raises contributes zero and
+is counted (``failed_users``), and every other one is clipped to ``client.clip_norm`` before it is
+summed. So ε does not depend on the hook: it can only change what a user sends within the clip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from fedsim.registry import Registry
+
+#: ``(model, batches, loss, spec) -> mean loss``
+LocalUpdate = Callable[[torch.nn.Module, Iterable[tuple[torch.Tensor, torch.Tensor]], Callable[..., Any], Any], float]
+
+#: The registered local updates, by ``client.local_update``.
+LOCAL_UPDATES: Registry[LocalUpdate] = Registry("local update", "client.local_update")
+
+
+def register_local_update(name: str, update: LocalUpdate) -> LocalUpdate:
+    """Register ``update`` as ``client.local_update = name`` (see the module docstring)."""
+    return LOCAL_UPDATES.add(name, update)
