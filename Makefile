@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml requirements/lock.txt
 	$(PIP) install --quiet --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(PIP) install --quiet $(TORCH)
-	$(PIP) install --quiet -c requirements/lock.txt -c requirements/torch.txt -e ".[test,tracking,sweep]"
+	$(PIP) install --quiet -c requirements/lock.txt -c requirements/torch.txt -e ".[test,tracking,sweep,docs]"
 	touch $(STAMP)
 
 run: install

@@ -31,7 +31,8 @@ ConfigLike = Any  # a path, a shipped experiment's name, a dict, or a fedsim.con
 
 
 def load_config(source: str | Path | dict[str, Any] | None = None, overrides: Sequence[str] = ()) -> Any:
-    """A validated experiment config (:class:`fedsim.config.Config`).
+    """A validated experiment config (:class:`fedsim.config.Config`). A bad key is a
+    :class:`FedsimError` that names every bad key; nothing runs.
 
     Parameters
     ----------
@@ -39,8 +40,6 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: Se
         a dict with the TOML's tables, or None for the bundled default experiment.
     overrides : ``dotted.key=value`` items (TOML values), applied in order, as ``--set``.
         Default none.
-
-    Raises :class:`FedsimError` naming every bad key; nothing runs.
     """
     from fedsim import plugins
 

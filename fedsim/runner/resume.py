@@ -64,6 +64,8 @@ _LATER_KEYS = {
     "privacy.silo_statistics": None,
     "clipping.mode": "flat",
     "clipping.stability": 0.01,
+    "client.local_update": None,
+    "plugins": None,
 }
 
 
