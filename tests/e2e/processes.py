@@ -104,3 +104,29 @@ def wait_healthy(url: str, limit: float = 60.0, why: str = "") -> None:
             pass
         assert time.monotonic() < deadline, f"{url} did not answer within {limit:.0f} s\n{why}"
         time.sleep(0.3)
+
+
+def flwr_run(
+    env: dict[str, str], app: Path, connection: str, run_config: str, cwd: Path, timeout: float = 900.0
+) -> tuple[str, str]:
+    """``flwr run APP CONNECTION --stream --run-config …``; returns (run id, output) after checking
+    that it exited 0 and that Flower reports the run ``finished:completed`` (``flwr run`` exits 0
+    even when the ServerApp failed)."""
+    import json
+    import re
+    import sys
+
+    flwr = str(Path(sys.executable).parent / "flwr")
+    run = subprocess.run(
+        [flwr, "run", str(app), connection, "--stream", "--run-config", run_config],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    log = run.stdout + run.stderr
+    started = re.search(r"Successfully started run (\d+)", log)
+    assert run.returncode == 0 and started, log[-4000:]
+    info = subprocess.run(
+        [flwr, "ls", connection, "--run-id", started.group(1), "--format", "json"],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert json.loads(info.stdout)["runs"][0]["status"] == "finished:completed", log[-6000:]
+    return started.group(1), log

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.processes import free_port
+from e2e.processes import flwr_run, free_port
 from fedsim.privacy.ledger import recompute_epsilon
 
 pytestmark = pytest.mark.slow
@@ -133,19 +132,7 @@ def test_a_tls_authenticated_federation_from_the_images(images, tmp_path):
                 f"--ssl-keyfile=/certs/node-{i}-tls.key", "--ssl-ca-certfile=/certs/ca.pem",
                 "--health-server-address=127.0.0.1:9098",
             )  # fmt: skip
-        run = subprocess.run(
-            [str(BIN / "flwr"), "run", str(ROOT), "docker", "--stream", "--run-config",
-             f'set="{SET}" out-dir="/runs/trial" min-nodes=2'],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200,
-        )  # fmt: skip
-        log = run.stdout + run.stderr
-        assert run.returncode == 0, log[-4000:]
-        run_id = re.search(r"Successfully started run (\d+)", log).group(1)
-        info = subprocess.run(
-            [str(BIN / "flwr"), "ls", "docker", "--run-id", run_id, "--format", "json"],
-            env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert json.loads(info.stdout)["runs"][0]["status"] == "finished:completed", log[-6000:]
+        flwr_run(env, ROOT, "docker", f'set="{SET}" out-dir="/runs/trial" min-nodes=2', ROOT, 1200)
         got = tmp_path / "got"
         _docker("cp", f"{names[0]}:/runs/trial", str(got))
         summary = json.loads((got / "summary.json").read_text())

@@ -8,13 +8,12 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from e2e.processes import Processes, free_port, kill_by_env, wait_healthy
+from e2e.processes import Processes, flwr_run, free_port, kill_by_env, wait_healthy
 
 from fedsim.privacy.ledger import recompute_epsilon
 
@@ -76,17 +75,7 @@ def _fedsim_privacy() -> dict:
 def test_flwr_run_of_the_quickstart_app_with_mf_dp(superlink, clipping):
     env, tmp = superlink
     out = tmp / "dp-run"
-    run = subprocess.run(
-        [str(BIN / "flwr"), "run", str(APP), "sim", "--stream", "--run-config",
-         f'num-server-rounds=6 dp-out="{out}" dp-clipping="{clipping}"'],
-        env=env, cwd=tmp, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-4000:]
-    run_id = re.search(r"Successfully started run (\d+)", log).group(1)
-    info = subprocess.run([str(BIN / "flwr"), "ls", "sim", "--run-id", run_id, "--format", "json"],
-                          env=env, cwd=tmp, capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert json.loads(info.stdout)["runs"][0]["status"] == "finished:completed", log[-6000:]
+    _, log = flwr_run(env, APP, "sim", f'num-server-rounds=6 dp-out="{out}" dp-clipping="{clipping}"', tmp, 600)
     ledger = json.loads((out / "ledger.json").read_text())
     assert [e["round"] for e in ledger["entries"]] == [1, 2, 3, 4, 5, 6]
     assert ledger["spec"]["neighboring_relation"] == "add_or_remove_one"
@@ -114,11 +103,7 @@ def test_the_quickstart_app_on_a_tls_deployment(tmp_path):
             fed.procs.start(f"node-{i}", fed.supernode_cmd(args), tmp_path / f"node-{i}")
         fed.wait_online(3)
         out = tmp_path / "dp-run"
-        run = fed.flwr("run", str(APP), CONN, "--stream", "--run-config",
-                       f'num-server-rounds=6 dp-out="{out}" dp-clipping="client"', timeout=900)  # fmt: skip
-        log = run.stdout + run.stderr
-        run_id = re.search(r"Successfully started run (\d+)", log).group(1)
-        assert fed.status(run_id) == "finished:completed", log[-6000:]
+        flwr_run(fed.env, APP, CONN, f'num-server-rounds=6 dp-out="{out}" dp-clipping="client"', tmp_path, 900)
     finally:
         fed.close()
     ledger = json.loads((out / "ledger.json").read_text())
