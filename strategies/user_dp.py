@@ -507,8 +507,13 @@ class UserLevelDPStrategy(Strategy):
             for k in m:
                 sums[k] = sums.get(k, 0.0) + _as_float(m[k])
         count = sums.get("count", 0.0)
-        if count <= 0:
-            return None
+        if count <= 0:  # no evaluated user holds a test sample: nothing to report, but the
+            # replies that came back valid did not fail (None would count every one as failed)
+            if not parts:
+                return None
+            return MetricRecord(
+                {"eval_failed_replies": failed, "eval_failed_users": int(sums.get("failed_users", 0.0))}
+            )
         out: dict[str, int | float | list[int] | list[float]] = {
             "eval_loss": sums["loss_sum"] / max(sums.get("loss_count", count), 1e-300),
             "eval_accuracy": sums.get("correct", 0.0) / count,

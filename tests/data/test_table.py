@@ -79,3 +79,13 @@ def test_three_rounds_from_python_and_from_the_cli(table, tmp_path, users):
     assert r.returncode == 0, r.stderr[-2000:]
     assert ("partitions of the table" in r.stdout + r.stderr) == ("partitioner" in users)
     assert json.loads((tmp_path / "cli" / "summary.json").read_text())["rounds_completed"] == 3
+
+
+def test_users_without_test_rows_are_evaluated_as_nothing_not_as_failures(table, tmp_path):
+    """``test_fraction = 0``: every evaluation reply is valid and holds no sample; the rows say
+    there is no accuracy, and count no failed evaluation reply (they used to count every one)."""
+    cfg = _cfg(table, user_column="author", test_fraction=0.0)
+    cfg["eval"] = {"every": 1}
+    result = fedsim.run(cfg, tmp_path / "run")
+    for row in result.metrics:
+        assert row["eval_accuracy"] is None and not row.get("eval_failed_replies")
