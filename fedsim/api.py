@@ -43,15 +43,15 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: Se
     """
     from fedsim import plugins
 
-    if isinstance(source, dict):
-        source = plugins.of_table(json.loads(json.dumps(source)), "the config dict")
-    else:
+    if not isinstance(source, dict):
         plugins.of_file(source)
+        from fedsim import config as c
+
+        return c.load_config(source, list(overrides))
+    raw = plugins.of_table(json.loads(json.dumps(source)), "the config dict")  # a deep copy, plugins loaded
     from fedsim import config as c
 
-    if isinstance(source, dict):
-        return c.config_from_dict(c.apply_overrides(json.loads(json.dumps(source)), list(overrides)))
-    return c.load_config(source, list(overrides))
+    return c.config_from_dict(c.apply_overrides(raw, list(overrides)))
 
 
 def _as_config(config: ConfigLike, overrides: Sequence[str] = ()) -> Any:

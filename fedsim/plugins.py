@@ -139,19 +139,23 @@ def of_table(raw: Any, origin: str) -> Any:
     return {**raw, "plugins": load(specs, origin)}
 
 
+def _toml(p: Path) -> dict[str, Any] | None:
+    """The table of TOML file ``p``, or None when it is missing or unreadable (the config loader
+    reports those, with its own message)."""
+    if p.suffix != ".toml" or not p.is_file():
+        return None
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+
+
 def of_file(path: str | Path | None) -> None:
     """Load the plugins listed in the config file ``path`` (None, a missing or unreadable file:
     nothing; the config loader reports those)."""
-    if path is None:
-        return
-    p = Path(path)
-    if p.suffix != ".toml" or not p.is_file():
-        return
-    try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return
-    of_table(relative_to(raw, p.resolve().parent), str(p))
+    raw = None if path is None else _toml(Path(path))
+    if raw is not None:
+        of_table(relative_to(raw, Path(path).resolve().parent), str(path))  # type: ignore[arg-type]
 
 
 def of_sweep(spec: str | Path | None, resume: str | Path | None = None) -> None:
@@ -167,13 +171,8 @@ def of_sweep(spec: str | Path | None, resume: str | Path | None = None) -> None:
             except (OSError, ValueError, AttributeError):
                 return
         return
-    p = Path(spec) if spec is not None else None
-    if p is None or not p.is_file():
-        return
-    try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return
-    base = raw.get("sweep", {}).get("config") if isinstance(raw.get("sweep"), dict) else None
+    raw = None if spec is None else _toml(Path(spec))
+    sweep = raw.get("sweep") if raw is not None else None
+    base = sweep.get("config") if isinstance(sweep, dict) else None
     if isinstance(base, str):
-        of_file(p.parent / base)
+        of_file(Path(str(spec)).parent / base)

@@ -172,6 +172,7 @@ class UserLevelDP(Strategy):
         self._pending: dict[str, Any] | None = None
         self._round_state: dict[str, Any] = {}
         self.last_arrays: ArrayRecord | None = None
+        self._planned: float | None = None
         self._start_folder(resume)
 
     # -- settings and files ---------------------------------------------------------------
@@ -187,8 +188,11 @@ class UserLevelDP(Strategy):
         return str(self.spec.neighboring_relation)
 
     def planned_epsilon(self) -> float:
-        """ε after all ``rounds`` rounds (from dp-accounting), known before round 1."""
-        return float(epsilon(self.spec, self.cfg.rounds))
+        """ε after all ``rounds`` rounds (from dp-accounting), known before round 1 (computed once:
+        a PLD composition takes a fraction of a second)."""
+        if self._planned is None:
+            self._planned = float(epsilon(self.spec, self.cfg.rounds))
+        return self._planned
 
     def _start_folder(self, resume: bool) -> None:
         if self.out is None:
