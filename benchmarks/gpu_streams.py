@@ -13,7 +13,7 @@ round, each from the same starting model, timed per round (median of ``--rounds`
 - ``streams``: every user on a CUDA stream of its own with its own model copy, their steps
   interleaved, so the device can run several users' small kernels at once.
 - ``graphed``: one user after another, each step replayed from a CUDA graph
-  (:class:`fedsim.step_graphs.StepGraphs`, what ``sim.cuda_graphs = "auto"`` does).
+  (:class:`fedsim.training.step_graphs.StepGraphs`, what ``sim.cuda_graphs = "auto"`` does).
 
 All three train the same users on the same batches; the sums of the users' deltas are compared
 (``max_abs_diff`` against ``blocking``: 0 when each user's kernels are the same).
@@ -36,7 +36,7 @@ import torch
 
 from fedsim.models import make_model
 from fedsim.parameters import load_flat_
-from fedsim.step_graphs import StepGraphs, sgd_step
+from fedsim.training.step_graphs import StepGraphs, sgd_step
 
 LR = 0.1
 SHAPES: dict[str, dict[str, Any]] = {

@@ -12,7 +12,7 @@ same computation could be on this core:
 - ``sgemm_gflops``: the best of ``torch.mm`` on a 2048² product and on the step's own large
   products (``B·T × (I + H) × 4H``).
 - ``step_ms``: one step of fedsim's loop body (the model's ``nn.LSTM``, after
-  :func:`fedsim.allocator.tune_allocator`, as fedsim's workers run it), median of 60 steps after
+  :func:`fedsim.training.allocator.tune_allocator`, as fedsim's workers run it), median of 60 steps after
   60 warm-up steps, and ``step_gflops`` = ``step_gflop`` / ``step_ms``: the rate of the whole
   step, gates, activations and weight reorders included.
 - With ``--floor-round S`` (the floor's seconds per W1 round from ``benchmarks/throughput.py``;
@@ -41,7 +41,7 @@ B, T, E, H, LAYERS, V = 8, 80, 8, 256, 2, 80
 _STEP = r"""
 import json, statistics, sys, time, torch
 torch.set_num_threads(1)
-from fedsim.allocator import tune_allocator
+from fedsim.training.allocator import tune_allocator
 tune_allocator()
 from fedsim.models import make_model
 m = make_model("shakespeare_lstm", 80, seed=0)

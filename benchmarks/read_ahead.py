@@ -3,13 +3,13 @@
 Stack Overflow users' rows are read from the SQLite file and decoded when a worker first needs
 them (a few milliseconds a user on the host; a small per-process cache keeps the last few). On a
 GPU, a user's local steps are replayed from CUDA graphs and queued, so the host is free while
-the device trains; :func:`fedsim.training.train_users` uses that time to read and decode the
+the device trains; :func:`fedsim.training.local.train_users` uses that time to read and decode the
 next user's rows (``prepare_train``). Without it, the device waits for every user's decoding.
 
 This script runs the SO LSTM workload of ``benchmarks/throughput.py`` (100 generated users,
 cohort 10, batch 16 × 20 tokens, 4 steps a user) in-process, ``--reps`` times each way,
 alternating in one process: ``ahead`` (fedsim as it is) and ``plain`` (reading ahead switched
-off by replacing :func:`fedsim.training.prepare_next` with one that returns None). Each run's
+off by replacing :func:`fedsim.training.local.prepare_next` with one that returns None). Each run's
 time is the median of its rounds' seconds, without the first (set-up and captures) and the last
 (final accounting); the ratio is ``ahead / plain`` of the medians over repetitions. The runs'
 results are the same either way (reading ahead changes when rows are read, not which).
@@ -37,7 +37,7 @@ def measure(device: str, rounds: int, reps: int) -> dict:
     """Per-round seconds of the SO LSTM workload with and without reading ahead, alternating."""
     from throughput import COMMON, GPU_OVERRIDES, WORKLOADS
 
-    import fedsim.training as training
+    import fedsim.training.local as training
     from fedsim.config import load_config
     from fedsim.data.stackoverflow.synthetic import generate
     from fedsim.runner import run_experiment

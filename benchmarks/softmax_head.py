@@ -8,7 +8,7 @@ hits both alike:
   ``cross_entropy(linear(f), t, ignore_index=0)`` against
   :func:`fedsim.models.softmax_head.linear_cross_entropy`; median of ``--reps`` calls. A quarter
   of the rows are padding (ignored), about the share in the generated sentences below.
-- ``user_ms``: one user's whole local update (``fedsim.training.train_one_user``: 64 sentences,
+- ``user_ms``: one user's whole local update (``fedsim.training.local.train_one_user``: 64 sentences,
   batch 16, the full ``so_nwp_lstm`` model) on generated tokens (``fedsim data synth
   stackoverflow``: 100 users, written to a temporary folder), with ``fused_softmax`` off and on;
   median over ``--users`` users, each trained both ways. ``ignored_fraction``: the share of
@@ -33,12 +33,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedsim.allocator import tune_allocator
 from fedsim.data import data_spec, load_federated
 from fedsim.data.stackoverflow.synthetic import generate
 from fedsim.models import make_model
 from fedsim.models.softmax_head import linear_cross_entropy
-from fedsim.training import LocalTraining, train_one_user
+from fedsim.training.allocator import tune_allocator
+from fedsim.training.local import LocalTraining, train_one_user
 
 ROWS, EMBED, CLASSES = 320, 96, 10_004
 

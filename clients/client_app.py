@@ -20,12 +20,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from fedsim import protocol, records
-from fedsim.allocator import tune_allocator
 from fedsim.data import spec_from_json
 from fedsim.deploy.nodes import node_data, node_selection
 from fedsim.models import make_model
-from fedsim.training import evaluate_users, train_users, train_users_ef
-from fedsim.vectorized import train_users_vectorized
+from fedsim.training.allocator import tune_allocator
+from fedsim.training.local import evaluate_users, train_users, train_users_ef
+from fedsim.training.vectorized import train_users_vectorized
 
 
 class _DropActorShutdownNotice(logging.Filter):

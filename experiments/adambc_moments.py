@@ -1,9 +1,9 @@
 """DP-AdamBC's second-moment check (the DP-AdamBC paper (Tang et al.) Table 2, in miniature; issue 4 experiment 2).
 
 A federated least-squares problem whose coordinates have very different scales (where Adam
-matters), run through fedsim's own server pieces (:class:`fedsim.server.DPServer`'s noisy mean
-with the fixed denominator, the real noise mechanisms, :class:`fedsim.optim.AdamBC` with
-``Φ_t`` from :func:`fedsim.server.noise_variance_fn`); only the Flower transport is left out.
+matters), run through fedsim's own server pieces (:class:`fedsim.server.step.DPServer`'s noisy mean
+with the fixed denominator, the real noise mechanisms, :class:`fedsim.server.optim.AdamBC` with
+``Φ_t`` from :func:`fedsim.server.step.noise_variance_fn`); only the Flower transport is left out.
 
 - ``N = 2000`` users, user ``i``'s optimum ``w_i = w* + s ⊙ ε_i`` with ``w*_j ~ s_j·N(0,1)`` and
   scales ``s_j`` log-spaced on ``[10⁻³, 1]``, ``d = 4000``. A user's delta is one local GD step
@@ -28,11 +28,11 @@ import warnings
 
 import torch
 
-from fedsim.optim import AdamBC
 from fedsim.privacy.mechanisms import make_noise, plan_mf
 from fedsim.privacy.participation import make_scheme
-from fedsim.sampling import make_sampler
-from fedsim.server import DPServer, noise_variance_fn
+from fedsim.server.optim import AdamBC
+from fedsim.server.sampling import make_sampler
+from fedsim.server.step import DPServer, noise_variance_fn
 
 N, D, C, Z, LOCAL = 2000, 4000, 1.0, 1.0, 0.5
 B1, B2, LR = 0.9, 0.99, 0.01

@@ -7,8 +7,8 @@ Part A — the one-dimensional Huber example of the DiceSGD paper (Zhang et al.)
 Full participation, no noise, gradient step ``η``.
 
 Part B — a federated version with heterogeneous users and DP noise, run through fedsim's
-own server pieces (:class:`fedsim.server.DPServer` with its fixed denominator, the Poisson
-sampler, Gaussian noise, the ledger, :mod:`fedsim.error_feedback`); only the Flower transport
+own server pieces (:class:`fedsim.server.step.DPServer` with its fixed denominator, the Poisson
+sampler, Gaussian noise, the ledger, :mod:`fedsim.training.error_feedback`); only the Flower transport
 is left out. ``N`` users with 1-D Huber objectives (threshold ``C'``) centred at ``ξ_i``: 90 %
 at −1, 10 % at +9 (a minority far away). Each participating user takes one local step
 ``Δ_i = −η ∇f(x, ξ_i)``. Clipped DP-FedAvg converges near ``x̃``, the root of
@@ -29,13 +29,13 @@ import statistics
 import numpy as np
 import torch
 
-from fedsim.error_feedback import ServerErrorFeedback, client_ef_update, server_noise_norm
-from fedsim.optim import make_optimizer
 from fedsim.privacy.accounting import AccountingSpec, epsilon
 from fedsim.privacy.noise import gaussian_noise
 from fedsim.privacy.participation import make_scheme
-from fedsim.sampling import make_sampler
-from fedsim.server import DPServer
+from fedsim.server.optim import make_optimizer
+from fedsim.server.sampling import make_sampler
+from fedsim.server.step import DPServer
+from fedsim.training.error_feedback import ServerErrorFeedback, client_ef_update, server_noise_norm
 
 
 def huber_grad(x: float, xi: np.ndarray, cp: float) -> np.ndarray:

@@ -264,14 +264,14 @@ def register_dataset(kind: Any) -> Any:
 def register_filter(name: str, kind: Any, options: Any) -> Any:
     """Register a server filter for ``filter.name`` (its options model's ``name`` must be
     ``Literal[name]`` with default ``name``)."""
-    from fedsim.filters.base import FILTERS
+    from fedsim.server.filters.base import FILTERS
 
     return FILTERS.add(name, kind, options=options)
 
 
 def register_optimizer(name: str, kind: Any, options: Any) -> Any:
     """Register a server optimizer for ``server.optimizer`` (options as for filters)."""
-    from fedsim.optim import OPTIMIZERS
+    from fedsim.server.optim import OPTIMIZERS
 
     return OPTIMIZERS.add(name, kind, options=options)
 
@@ -284,9 +284,9 @@ def register_mechanism(name: str, mechanism: Any, options: Any | None = None) ->
 
 
 def register_local_update(name: str, update: Any) -> Any:
-    """Register a local update for ``client.local_update`` (:mod:`fedsim.local_updates`):
+    """Register a local update for ``client.local_update`` (:mod:`fedsim.training.local_updates`):
     ``update(model, batches, loss, spec) -> mean loss`` trains the model in place; fedsim
     isolates each user and clips the result."""
-    from fedsim.local_updates import register_local_update as add
+    from fedsim.training.local_updates import register_local_update as add
 
     return add(name, update)

@@ -13,10 +13,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from fedsim.data import DATASETS
-from fedsim.filters import FILTERS
 from fedsim.models import MODELS
-from fedsim.optim import OPTIMIZERS
 from fedsim.privacy.mechanisms import MECHANISMS
+from fedsim.server.filters import FILTERS
+from fedsim.server.optim import OPTIMIZERS
 
 _PARAM = re.compile(r"^\s{4}(\w+(?:, \w+)*) : (.*)$")
 

@@ -288,9 +288,9 @@ def report(
     --attack canary|user-inference) is printed and its plots redrawn; a sweep folder (fedsim sweep)
     gets accuracy_vs_epsilon.png and arms.png, and its table and the privacy of selecting its best
     arm are printed."""
-    from fedsim.audit_report import format_text_audit, is_text_audit, plot_text_audit, read_text_audit
-    from fedsim.report import comparison_table, format_table, plot_ablation, plot_comparison, plot_run
-    from fedsim.sweep_report import is_sweep, plot_sweep, selection_line
+    from fedsim.reporting.audit_report import format_text_audit, is_text_audit, plot_text_audit, read_text_audit
+    from fedsim.reporting.report import comparison_table, format_table, plot_ablation, plot_comparison, plot_run
+    from fedsim.reporting.sweep_report import is_sweep, plot_sweep, selection_line
 
     audits = [d for d in run_dirs if is_text_audit(d)]
     for d in audits:
@@ -826,7 +826,7 @@ def _text_audit_options(
 
 def _text_audit(cfg: Any, out: Path | None, opts: Any, as_json: bool) -> None:
     """``fedsim audit --attack canary|user-inference``."""
-    from fedsim.audit_report import format_text_audit
+    from fedsim.reporting.audit_report import format_text_audit
     from fedsim.runner.text_audit import run_text_audit
 
     rep = run_text_audit(cfg, out, opts, progress=not as_json)

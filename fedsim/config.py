@@ -35,11 +35,11 @@ _plugins.load_startup()  # $FEDSIM_PLUGINS and installed plugins register before
 
 from fedsim.data.registry import DATASETS, DataOptions, data_spec  # noqa: E402
 from fedsim.errors import FedsimError  # noqa: E402
-from fedsim.filters.base import FILTERS, FilterOptions  # noqa: E402
 from fedsim.models import MODELS  # noqa: E402
-from fedsim.optim import OPTIMIZERS, OptimizerOptions  # noqa: E402
 from fedsim.privacy.mechanisms.base import MechanismOptions  # noqa: E402
 from fedsim.privacy.mechanisms.registry import MECHANISMS  # noqa: E402
+from fedsim.server.filters.base import FILTERS, FilterOptions  # noqa: E402
+from fedsim.server.optim import OPTIMIZERS, OptimizerOptions  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,7 +133,7 @@ class ClientConfig(_Section):
         must be ``≥ c₁`` (the bias-free fixed point needs it).
     error_feedback_memory_mb : ``client`` error feedback keeps one vector per user; runs whose
         worst case (``N·d`` float32) exceeds this many MiB are refused. Default 2048.
-    local_update : a registered local update (:mod:`fedsim.local_updates`, from a plugin) that
+    local_update : a registered local update (:mod:`fedsim.training.local_updates`, from a plugin) that
         trains each user instead of fedsim's local SGD; fedsim still isolates each user and clips
         the result. Default unset (local SGD).
     """
@@ -152,7 +152,7 @@ class ClientConfig(_Section):
     @classmethod
     def _registered_update(cls, value: str | None) -> str | None:
         if value is not None:
-            from fedsim.local_updates import LOCAL_UPDATES
+            from fedsim.training.local_updates import LOCAL_UPDATES
 
             LOCAL_UPDATES.get_part(value)  # a FedsimError listing the registered ones
         return value
@@ -387,7 +387,7 @@ class FilterCommon(_Section):
     """Server-side filter of the noisy mean update ``ĝ_t`` (docs/algorithms.md §6);
     post-processing, so ε is unchanged. ``name`` chooses a registered filter (``none`` default,
     ``ema``, ``doppler``, ``disk``); its own keys come from its options model
-    (:mod:`fedsim.filters`).
+    (:mod:`fedsim.server.filters`).
 
     Parameters
     ----------
@@ -412,7 +412,7 @@ class ServerCommon(_Section):
     """Server optimizer on the pseudo-gradient ``g = −ĝ_t`` (Reddi et al. 2021). ``optimizer``
     chooses a registered optimizer (``sgd`` default: FedAvg when lr = 1; ``momentum``: FedAvgM;
     ``adam``: FedAdam; ``yogi``: FedYogi; ``adambc``: DP-AdamBC); its own keys come from its
-    options model (:mod:`fedsim.optim`).
+    options model (:mod:`fedsim.server.optim`).
 
     Parameters
     ----------
@@ -477,7 +477,7 @@ class SimConfig(_Section):
         after the other: no Ray start, for tests, debugging and small sweeps) or ``auto``
         (``inprocess`` for one worker, else ``ray``). Same results for the same seed.
     vectorize : train a worker's users together under ``torch.func.vmap``
-        (:mod:`fedsim.vectorized`; models with ``nn.LSTM`` layers through their step-by-step twin):
+        (:mod:`fedsim.training.vectorized`; models with ``nn.LSTM`` layers through their step-by-step twin):
         ``auto`` (models without recurrent layers, up to 2M parameters: torch's fused LSTM
         kernel user by user was measured faster than batched users on the CPU and on an H200
         GPU), ``on`` (any size, LSTM users batched too), ``off``. Never for other recurrent layers (Opacus's
@@ -488,7 +488,7 @@ class SimConfig(_Section):
         where the workers run. Default None (local).
     allocator : ``tuned`` (default): every process that trains, and the server's, keeps the
         memory it frees for its next step instead of mapping fresh pages (glibc's ``malloc``
-        settings; :mod:`fedsim.allocator`): a character-LSTM step 18 % faster on the
+        settings; :mod:`fedsim.training.allocator`): a character-LSTM step 18 % faster on the
         development CPU, same results; each process may keep up to 256 MiB of freed memory.
         ``system``: the C library's defaults. No effect without glibc.
     fused_softmax : ``auto`` (default): where the training loss is a softmax cross-entropy over
@@ -500,7 +500,7 @@ class SimConfig(_Section):
         rounding. ``off``: the layer, then ``cross_entropy``.
     cuda_graphs : ``auto`` (default): where users train on a CUDA device and the model is
         recurrent (without dropout), each distinct batch shape's local SGD step is captured once
-        as a CUDA graph and replayed (:mod:`fedsim.step_graphs`): the host queues the step's
+        as a CUDA graph and replayed (:mod:`fedsim.training.step_graphs`): the host queues the step's
         hundreds of small kernels with one call instead of one by one, which is what limits an
         LSTM step on a GPU. The same kernels on the same values as eager steps. Each captured
         shape keeps its own device memory for the step's intermediate values (tens of MB for
@@ -522,7 +522,7 @@ class SimConfig(_Section):
 
 
 class TrackingConfig(_Section):
-    """Experiment tracking (optional extras: ``pip install fedsim[tracking]``; :mod:`fedsim.tracking`).
+    """Experiment tracking (optional extras: ``pip install fedsim[tracking]``; :mod:`fedsim.reporting.tracking`).
 
     Parameters
     ----------
@@ -538,7 +538,7 @@ class TrackingConfig(_Section):
     @model_validator(mode="after")
     def _local_store(self) -> TrackingConfig:
         if self.mlflow_uri is not None:
-            from fedsim.tracking import local_store_uri
+            from fedsim.reporting.tracking import local_store_uri
 
             try:
                 local_store_uri(self.mlflow_uri)

@@ -30,8 +30,8 @@ import json
 from dataclasses import asdict, dataclass
 
 from fedsim.data import DataOptions, spec_from_json, spec_to_json
-from fedsim.example_dp import ExampleDP
-from fedsim.training import DiskClient, LocalTraining
+from fedsim.training.example_dp import ExampleDP
+from fedsim.training.local import DiskClient, LocalTraining
 
 ARRAYS = "arrays"
 CONFIG = "config"
@@ -69,7 +69,7 @@ class Task:
     #: an audit's change of the population (:class:`fedsim.attacks.population.AuditView`, JSON),
     #: applied by every worker to the loaded data; None for an ordinary run.
     view: str | None = None
-    #: ``sim.allocator``: ``tuned`` (the worker calls :func:`fedsim.allocator.tune_allocator`) or ``system``.
+    #: ``sim.allocator``: ``tuned`` (the worker calls :func:`fedsim.training.allocator.tune_allocator`) or ``system``.
     allocator: str = "tuned"
     #: whether replies may carry statistics of the users' records outside any DP noise (training
     #: loss, examples taken) and evaluation may run: False under example-level DP unless

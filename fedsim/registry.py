@@ -1,7 +1,7 @@
 """Registries: the one list of each kind of pluggable part (docs/architecture.md).
 
-Noise mechanisms (:mod:`fedsim.privacy.mechanisms`), server filters (:mod:`fedsim.filters`),
-server optimizers (:mod:`fedsim.optim`), datasets (:mod:`fedsim.data`) and models
+Noise mechanisms (:mod:`fedsim.privacy.mechanisms`), server filters (:mod:`fedsim.server.filters`),
+server optimizers (:mod:`fedsim.server.optim`), datasets (:mod:`fedsim.data`) and models
 (:mod:`fedsim.models`) each have one :class:`Registry`. A part registers itself where it is
 defined, with an options model (a :class:`ChoiceOptions`: the config keys that belong to it, with
 the registry's key as a ``Literal`` discriminator). The config's choices and tables, the CLI's

@@ -4,7 +4,7 @@ Round ``t`` (docs/algorithms.md §1): the sampler picks ``S_t`` from the
 participation scheme; users are assigned to worker nodes by expected cost and
 each node gets one message with the global parameters and its users; each reply
 (the sum of that node's users' clipped updates) is validated and re-clipped by
-:class:`~fedsim.aggregation.UpdateAggregator`; :class:`~fedsim.server.DPServer`
+:class:`~fedsim.server.aggregation.UpdateAggregator`; :class:`~fedsim.server.step.DPServer`
 adds the noise row, divides by ``K̄``, steps the server optimizer and records ε.
 Then the metrics line, the checkpoint and the progress line.
 """
@@ -24,11 +24,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedsim import protocol, records
-from fedsim.aggregation import UpdateAggregator
 from fedsim.errors import FedsimError
-from fedsim.sampling import CohortSampler
-from fedsim.scheduling import assign_users
-from fedsim.server import DPServer
+from fedsim.server.aggregation import UpdateAggregator
+from fedsim.server.sampling import CohortSampler
+from fedsim.server.step import DPServer
+from fedsim.training.scheduling import assign_users
 
 
 def _as_int(v: Any) -> int:
@@ -163,7 +163,7 @@ class UserLevelDPStrategy(Strategy):
     ef_mode : clipping error feedback, ``none`` (default), ``client`` (users' states in
         ``client_store``, sent down and back with each message) or ``server`` (replies carry
         residual sums).
-    client_store : the users' error-feedback states (:class:`fedsim.error_feedback.ClientStateStore`)
+    client_store : the users' error-feedback states (:class:`fedsim.training.error_feedback.ClientStateStore`)
         for ``ef_mode = "client"``; default None.
     update_clip : the per-user bound of replies when it differs from the noise's
         ``server.clip_norm`` (server error feedback: ``c₁``); default None (the same).
@@ -432,7 +432,7 @@ class UserLevelDPStrategy(Strategy):
             )
 
     def _train_row(self, eps: float | None, c_t: float, stats: RoundStats) -> dict[str, Any]:
-        """The round's training metrics (side statistics, :mod:`fedsim.metrics`)."""
+        """The round's training metrics (side statistics, :mod:`fedsim.reporting.metrics`)."""
         agg = self.aggregator
         silo = self.server.ledger.silo
         controller = self.server.clip_controller

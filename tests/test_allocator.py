@@ -1,4 +1,4 @@
-"""sim.allocator: the glibc malloc thresholds of training processes (fedsim.allocator).
+"""sim.allocator: the glibc malloc thresholds of training processes (fedsim.training.allocator).
 
 What could go wrong: the settings do not take (mallopt refused, a wrong parameter number), so
 every step still maps and zero-fills fresh pages; or they change a result. Each case runs in a
@@ -27,11 +27,11 @@ _FAULTS = r"""
 import resource, sys, torch
 torch.set_num_threads(1)
 if sys.argv[1] == "tuned":
-    from fedsim.allocator import tune_allocator
+    from fedsim.training.allocator import tune_allocator
     assert tune_allocator()
 elif sys.argv[1] == "static_defaults":  # glibc's documented defaults, with its adjustment off
     import ctypes, ctypes.util
-    from fedsim.allocator import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+    from fedsim.training.allocator import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     assert libc.mallopt(M_MMAP_THRESHOLD, 128 * 1024) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024) == 1
 from fedsim.models import make_model
@@ -73,7 +73,7 @@ def test_tuned_steps_reuse_memory_instead_of_faulting_in_fresh_pages():
 
 @glibc
 def test_tune_allocator_reports_success_and_is_idempotent():
-    code = "from fedsim.allocator import tune_allocator; print(tune_allocator(), tune_allocator())"
+    code = "from fedsim.training.allocator import tune_allocator; print(tune_allocator(), tune_allocator())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True"]
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from fedsim.catalog import catalog
 from fedsim.data import DATASETS
-from fedsim.filters import FILTERS
 from fedsim.models import MODELS
-from fedsim.optim import OPTIMIZERS
 from fedsim.privacy.mechanisms import MECHANISMS
+from fedsim.server.filters import FILTERS
+from fedsim.server.optim import OPTIMIZERS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ from fedsim.privacy.participation import (
     PoissonScheme,
     make_scheme,
 )
-from fedsim.sampling import FixedSampler, PoissonSampler, make_sampler
+from fedsim.server.sampling import FixedSampler, PoissonSampler, make_sampler
 
 N, KBAR, ROUNDS = 200, 20, 2000
 Q = KBAR / N

@@ -1,4 +1,4 @@
-"""Experiment tracking (fedsim.tracking): rows written through each tracker and read back with the
+"""Experiment tracking (fedsim.reporting.tracking): rows written through each tracker and read back with the
 real libraries — TensorBoard's event reader, MLflow's search and metric history — including a
 resumed run continuing the same TensorBoard log and the same MLflow run. The TensorBoard and
 MLflow tests are skipped when the ``tracking`` extra is not installed."""
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from fedsim.errors import FedsimError
-from fedsim.tracking import (
+from fedsim.reporting.tracking import (
     STATE_FILE,
     MLflowTracker,
     TensorBoardTracker,
@@ -113,7 +113,7 @@ def test_a_missing_package_says_to_install_the_extra(monkeypatch: pytest.MonkeyP
 
 def test_the_module_imports_neither_flower_ray_nor_the_extras() -> None:
     code = (
-        "import sys, fedsim.tracking; "
+        "import sys, fedsim.reporting.tracking; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'flwr', 'ray', 'mlflow', 'tensorboard', 'torch'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

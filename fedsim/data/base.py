@@ -169,7 +169,7 @@ class FederatedData(Population, Protocol):
     Optional: ``prepare_train(u)``, for a dataset that reads users' rows lazily: read and decode
     user ``u``'s training rows now, so that the next :meth:`train_samples` of ``u`` finds them
     ready (local training calls it for the next user while a GPU runs the current user's steps;
-    :func:`fedsim.training.train_users`). It must not change what :meth:`train_samples` returns.
+    :func:`fedsim.training.local.train_users`). It must not change what :meth:`train_samples` returns.
     Views of a dataset forward it, mapping ``u`` to the underlying user."""
 
     def train_samples(self, u: int, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]: ...

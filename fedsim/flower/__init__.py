@@ -8,8 +8,8 @@
 - :func:`user_dp_mod` is the node's side: it clips the update on the node (``clipping="client"``)
   and reports the node's stable identity (``identity="census"``).
 
-The same code as ``fedsim run`` clips, noises, divides and accounts (:mod:`fedsim.server`,
-:mod:`fedsim.aggregation`, :mod:`fedsim.privacy`); docs/flower.md shows the change to an app.
+The same code as ``fedsim run`` clips, noises, divides and accounts (:mod:`fedsim.server.step`,
+:mod:`fedsim.server.aggregation`, :mod:`fedsim.privacy`); docs/flower.md shows the change to an app.
 """
 
 from __future__ import annotations

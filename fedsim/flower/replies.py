@@ -3,8 +3,8 @@
 Every reply the wrapper did not ask for this round, and every second reply of a node, counts for
 nothing; a reply that carries an error, or a model that does not have the broadcast model's
 layout, drops its node's update. A node asked but silent is ``missing``. The reasons are those
-of fedsim's own runs (:data:`fedsim.aggregation.DROP_REASONS`). What remains are the nodes'
-model updates ``Δ_i = y_i − x_t``, which :class:`fedsim.aggregation.UpdateAggregator` validates,
+of fedsim's own runs (:data:`fedsim.server.aggregation.DROP_REASONS`). What remains are the nodes'
+model updates ``Δ_i = y_i − x_t``, which :class:`fedsim.server.aggregation.UpdateAggregator` validates,
 clips to ``c`` and sums — the same code as fedsim's own runs.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import Message
 
-from fedsim.aggregation import UpdateAggregator
 from fedsim.flower.arrays import Layout
+from fedsim.server.aggregation import UpdateAggregator
 
 
 def screen_and_sum(

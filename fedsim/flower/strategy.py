@@ -8,8 +8,8 @@ runs, built by the same code):
    groups) on each node's stable identity.
 2. Each chosen node gets the wrapped strategy's train message (its model ``x_t`` and config).
 3. Each reply's update ``Δ_i = y_i − x_t`` is checked and clipped to ``c`` on the server
-   (:class:`fedsim.aggregation.UpdateAggregator`), whether or not the node clipped it first.
-4. :class:`fedsim.server.DPServer` adds the mechanism's noise row ``c·z·sens·n_t``, divides by the
+   (:class:`fedsim.server.aggregation.UpdateAggregator`), whether or not the node clipped it first.
+4. :class:`fedsim.server.step.DPServer` adds the mechanism's noise row ``c·z·sens·n_t``, divides by the
    fixed ``K̄`` (never the number of replies), applies the optional fedsim filter (DOPPLER, EMA,
    DiSK look-ahead) and optimizer (``sgd`` with ``lr = 1`` by default: ``x_t + ĝ_t``; DP-AdamBC
    with its exact ``Φ_t``), and records ε in the ledger.
@@ -38,7 +38,6 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedsim.aggregation import UpdateAggregator
 from fedsim.checkpoint import load_checkpoint, save_checkpoint
 from fedsim.config import Config, config_from_dict
 from fedsim.errors import FedsimError
@@ -49,8 +48,9 @@ from fedsim.flower.replies import screen_and_sum
 from fedsim.privacy.accounting import epsilon
 from fedsim.privacy.rng import PrivacyKey
 from fedsim.runner.build import Prepared, dp_server, prepare_without_data
-from fedsim.sampling import make_sampler
-from fedsim.server import DPServer
+from fedsim.server.aggregation import UpdateAggregator
+from fedsim.server.sampling import make_sampler
+from fedsim.server.step import DPServer
 
 #: Keys of the privacy-relevant settings a resume must not change.
 _FIXED_ON_RESUME = ("rounds", "client", "clipping", "sampling", "privacy")

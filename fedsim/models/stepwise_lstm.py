@@ -15,7 +15,7 @@ output)::
     z_t = x_t W_ihᵀ + b_ih + b_hh + h_{t−1} W_hhᵀ,   (i, f, g, o) = (σ, σ, tanh, σ)(z_t)
     c_t = f ⊙ c_{t−1} + i ⊙ g,   h_t = o ⊙ tanh(c_t),   h_0 = c_0 = 0.
 
-Used by :mod:`fedsim.vectorized` for models with recurrent layers (``sim.vectorize = 'on'``).
+Used by :mod:`fedsim.training.vectorized` for models with recurrent layers (``sim.vectorize = 'on'``).
 It was measured slower than the fused kernel user by user on both devices. On a CPU the fused
 kernel keeps one user's recurrent weights in cache for the whole sequence, and a batch of
 users' weights no longer fits (``benchmarks/lstm_batching.py`` times both). On an H200 GPU the

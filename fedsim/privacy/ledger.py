@@ -54,7 +54,7 @@ class Ledger:
         self.planned_rounds = planned_rounds
         self.budget_split = budget_split
         #: example-level accounting of the silos (``privacy.unit = "example"``), a
-        #: :class:`fedsim.example_dp.SiloLedger`; None otherwise.
+        #: :class:`fedsim.training.example_dp.SiloLedger`; None otherwise.
         self.silo: Any = None
         self.entries: list[dict[str, Any]] = []
         self._curve = EpsilonCurve(spec)

@@ -18,7 +18,7 @@ clipping count's noise, example-level DP noise and Poisson batches — comes fro
   Box–Muller transform computed in float64, then cast (:func:`gaussians`);
 - a keyed pseudo-random function on 64-bit user tags (:func:`prf_u64`, AES-256 on one block
   per input) for per-user decisions that must not depend on any other user: group membership,
-  per-round participation coins (:mod:`fedsim.sampling`).
+  per-round participation coins (:mod:`fedsim.server.sampling`).
 
 Devices: every stream is generated on the CPU in float64 and moved to the requested device,
 so the GPU path uses the same numbers bit for bit.

@@ -37,10 +37,10 @@ from fedsim.privacy.mechanisms import MFPlan, make_noise, plan_mf
 from fedsim.privacy.participation import GroupScheme, ParticipationScheme, make_scheme
 from fedsim.privacy.rng import PrivacyKey
 from fedsim.protocol import Task
-from fedsim.sampling import CohortSampler, make_sampler
 from fedsim.seeding import derive_seed
-from fedsim.server import DPServer
-from fedsim.training import LocalTraining
+from fedsim.server.sampling import CohortSampler, make_sampler
+from fedsim.server.step import DPServer
+from fedsim.training.local import LocalTraining
 
 #: Stable ids of simulated users (the audit's canaries), which join the sampled population.
 SYNTHETIC_ID_PREFIX = "__fedsim_synthetic_user_"
@@ -196,7 +196,7 @@ def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
     _, split = resolve_clipping(cfg, spec, scheme)
     notes = []
     if cfg.client.error_feedback == "server":
-        from fedsim.error_feedback import SERVER_EF_LABEL
+        from fedsim.training.error_feedback import SERVER_EF_LABEL
 
         notes.append(SERVER_EF_LABEL)
     return {
@@ -261,13 +261,13 @@ def num_workers(cfg: Config) -> int:
 def resolve_vectorize(
     cfg: Config, model_ok: bool, disk_client: bool, recurrent: bool = False, num_params: int = 0
 ) -> bool:
-    """Whether workers train their users together (``sim.vectorize``; :mod:`fedsim.vectorized`).
+    """Whether workers train their users together (``sim.vectorize``; :mod:`fedsim.training.vectorized`).
 
-    ``model_ok``: the model can be (:func:`fedsim.vectorized.vectorizable`). ``auto`` also asks
+    ``model_ok``: the model can be (:func:`fedsim.training.vectorized.vectorizable`). ``auto`` also asks
     that it pays off: never for a model with LSTM layers (``recurrent``; the fused kernel user by
     user was measured faster on the CPU and on an H200 GPU), any other only up to
-    :data:`~fedsim.vectorized.MAX_PARAMS` parameters (``num_params``). ``on`` batches both."""
-    from fedsim.vectorized import MAX_PARAMS
+    :data:`~fedsim.training.vectorized.MAX_PARAMS` parameters (``num_params``). ``on`` batches both."""
+    from fedsim.training.vectorized import MAX_PARAMS
 
     other = (
         disk_client
@@ -333,10 +333,10 @@ def prepare(cfg: Config, extra_users: int = 0, data: Population | None = None) -
     )
     x0 = parameters_to_vector(model.parameters()).detach().to(torch.float32)
     if cfg.client.error_feedback == "client":
-        from fedsim.error_feedback import check_memory
+        from fedsim.training.error_feedback import check_memory
 
         check_memory(data.population, x0.numel(), cfg.client.error_feedback_memory_mb)
-    from fedsim.vectorized import recurrent, vectorizable
+    from fedsim.training.vectorized import recurrent, vectorizable
 
     return Prepared(
         cfg, data, spec, scheme, plan, x0, num_parameters(model), z_update, split, vectorizable(model), recurrent(model)
@@ -347,7 +347,7 @@ def make_server_filter(cfg: Config) -> Any:
     """The server-side filter of ``cfg.filter`` (None for ``none``)."""
     if cfg.filter.name == "none":
         return None
-    from fedsim.filters import FILTERS
+    from fedsim.server.filters import FILTERS
 
     return FILTERS.get_part(cfg.filter.name).build(cfg.filter.filter_options())
 
@@ -360,7 +360,7 @@ def make_server_optimizer(
     ``lp_adambc`` the same without the filter (its second moment reads the unfiltered update).
     ``noise_std`` is ``c·z·sens`` or, with adaptive clipping, a function of the round;
     ``expected_cohort`` is ``K̄`` (default ``sampling.cohort_size``)."""
-    from fedsim.optim import OPTIMIZERS
+    from fedsim.server.optim import OPTIMIZERS
 
     if expected_cohort is None:
         expected_cohort = float(cfg.sampling.cohort_size or 0) or 1.0
@@ -368,7 +368,7 @@ def make_server_optimizer(
     kind = OPTIMIZERS.get_part(s.optimizer)
     phi = None
     if kind.noise_variance is not None:
-        from fedsim.server import noise_variance_fn
+        from fedsim.server.step import noise_variance_fn
 
         filtered = kind.noise_variance == "filtered" and filt is not None
         impulse = filt.impulse_response(cfg.rounds) if filtered else None
@@ -457,8 +457,8 @@ class Run:
     deployment: Deployment | None = None
 
     def trackers(self) -> list[Any]:
-        """The experiment trackers ``tracking.*`` asks for (:mod:`fedsim.tracking`), not started."""
-        from fedsim.tracking import make_trackers
+        """The experiment trackers ``tracking.*`` asks for (:mod:`fedsim.reporting.tracking`), not started."""
+        from fedsim.reporting.tracking import make_trackers
 
         t = self.cfg.tracking
         return list(make_trackers(tensorboard=t.tensorboard, mlflow_uri=t.mlflow_uri))
@@ -499,7 +499,7 @@ def server_clip_norm(cfg: Config) -> float:
     if ef == "client":
         return c1 + c2
     if ef == "server":
-        from fedsim.error_feedback import server_noise_norm
+        from fedsim.training.error_feedback import server_noise_norm
 
         return server_noise_norm(c1, c2)
     return c1
@@ -514,7 +514,7 @@ def _build_server(
     server_clip = server_clip_norm(cfg)
     server_ef = None
     if cfg.client.error_feedback == "server":
-        from fedsim.error_feedback import ServerErrorFeedback
+        from fedsim.training.error_feedback import ServerErrorFeedback
 
         server_ef = ServerErrorFeedback(prep.num_params, cfg.client.c2, device)
     noise_std: Any = server_clip * z_eff * noise.sensitivity
@@ -592,7 +592,7 @@ def _build_ledger(cfg: Config, prep: Prepared, notes: list[str]) -> tuple[Ledger
     )
     if cfg.privacy.unit != "example":
         return ledger, None
-    from fedsim.example_dp import ExampleDP, SiloLedger, steps_and_rate
+    from fedsim.training.example_dp import ExampleDP, SiloLedger, steps_and_rate
 
     data = prep.data
     z_example = cfg.privacy.example_noise_multiplier
@@ -627,7 +627,7 @@ def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any, 
     )
     disk = None
     if server.track_step:
-        from fedsim.training import DiskClient
+        from fedsim.training.local import DiskClient
 
         filt = server.filter
         disk = DiskClient(filt.mode, filt.gamma, filt.a)
@@ -679,7 +679,7 @@ def _run_notes(cfg: Config, observed: int, deployment: Deployment | None) -> lis
     users the data hold (canaries included)."""
     notes = []
     if cfg.client.error_feedback == "server":
-        from fedsim.error_feedback import SERVER_EF_LABEL
+        from fedsim.training.error_feedback import SERVER_EF_LABEL
 
         notes.append(SERVER_EF_LABEL)
     if deployment is not None and cfg.data.max_users is not None:
@@ -753,7 +753,7 @@ def build_run(
         task = replace(task, view=view.to_json())
     client_store = None
     if ef == "client":
-        from fedsim.error_feedback import ClientStateStore
+        from fedsim.training.error_feedback import ClientStateStore
 
         client_store = ClientStateStore(prep.num_params, data.population, cfg.client.error_feedback_memory_mb)
     pop = data.population

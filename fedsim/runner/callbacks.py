@@ -5,14 +5,14 @@ The runner (:mod:`fedsim.runner.runner`) calls every callback of a run, in order
 - :meth:`RunCallback.on_start` once the run is built (``resumed``: continuing from a checkpoint,
   whose state the :class:`Checkpointer` has already restored);
 - :meth:`RunCallback.on_round_end` after every round, with the round's metrics row (the full
-  row; what is written anywhere is :func:`fedsim.metrics.public_row` of it);
+  row; what is written anywhere is :func:`fedsim.reporting.metrics.public_row` of it);
 - :meth:`RunCallback.on_stop` when the first Ctrl-C/SIGTERM arrives (:mod:`fedsim.interrupt`);
 - :meth:`RunCallback.on_end` with the summary (None after a stop) and a status
   (``finished``, ``stopped`` or ``failed``), then :meth:`RunCallback.close` whatever happened.
 
 Built in: :class:`MetricsFile` (``metrics.jsonl``), :class:`Checkpointer` (``checkpoint/``),
 :class:`LedgerFile` (``ledger.json``), :class:`Progress` (the header's progress line),
-:class:`Plots` (``plots/``) and :class:`Tracking` (TensorBoard / MLflow, :mod:`fedsim.tracking`).
+:class:`Plots` (``plots/``) and :class:`Tracking` (TensorBoard / MLflow, :mod:`fedsim.reporting.tracking`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 from fedsim.checkpoint import save_checkpoint
 from fedsim.errors import FedsimError
-from fedsim.metrics import MetricsWriter, ProgressLine, public_row
 from fedsim.privacy.accounting import RELATION_LABELS
+from fedsim.reporting.metrics import MetricsWriter, ProgressLine, public_row
 from fedsim.runner.build import Run, model_sha256
 from fedsim.runner.releases import ReleaseLog
 from fedsim.runner.resume import privacy_digest
@@ -360,25 +360,25 @@ class Plots(RunCallback):
 
     def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
         if status == "finished" and self.out is not None:
-            from fedsim.report import plot_run
+            from fedsim.reporting.report import plot_run
 
             plot_run(self.out)
 
 
 class Tracking(RunCallback):
     """Experiment tracking the user already has: every public metrics row to TensorBoard and/or
-    MLflow (:mod:`fedsim.tracking`; ``tracking.tensorboard``, ``tracking.mlflow_uri``). A resumed
+    MLflow (:mod:`fedsim.reporting.tracking`; ``tracking.tensorboard``, ``tracking.mlflow_uri``). A resumed
     run continues the same TensorBoard log and MLflow run.
 
     Parameters
     ----------
-    trackers : the trackers (from :func:`fedsim.tracking.make_trackers`).
+    trackers : the trackers (from :func:`fedsim.reporting.tracking.make_trackers`).
     warn : prints a warning line (a tracker that fails mid-run is dropped with one warning; the
         run goes on).
     """
 
     def __init__(self, trackers: list[Any], warn: Any = None) -> None:
-        from fedsim.tracking import TrackerGroup
+        from fedsim.reporting.tracking import TrackerGroup
 
         self.group = TrackerGroup(trackers, warn=warn)
         self.publish = True

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from fedsim.allocator import tune_allocator
 from fedsim.interrupt import StopRequest, descendants, kill_descendants, stop_on_signals
 from fedsim.runner.build import Run
+from fedsim.training.allocator import tune_allocator
 
 
 class _DropDeprecationBanner(logging.Filter):

@@ -28,9 +28,9 @@ from fedsim.attacks.population import AuditView
 from fedsim.config import Config
 from fedsim.errors import FedsimError
 from fedsim.interrupt import RunInterrupted, StopRequest
-from fedsim.metrics import SIDE_STATISTICS_NOTE
 from fedsim.privacy.accounting import RELATION_LABELS
 from fedsim.privacy.display import format_delta
+from fedsim.reporting.metrics import SIDE_STATISTICS_NOTE
 from fedsim.runner.build import Deployment, Run, SyntheticUsers, build_run, model_sha256
 from fedsim.runner.callbacks import (
     Callbacks,

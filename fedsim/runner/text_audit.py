@@ -241,7 +241,7 @@ def run_text_audit(
             fpr=arrays["fpr"],
             tpr=arrays["tpr"],
         )
-    from fedsim.audit_report import plot_text_audit
+    from fedsim.reporting.audit_report import plot_text_audit
 
     plot_text_audit(out)
     return report

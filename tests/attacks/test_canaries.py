@@ -125,7 +125,7 @@ def test_canary_users_never_reach_ordinary_evaluation():
     model(torch.zeros((1, WINDOW), dtype=torch.int64))
 
     @torch.no_grad()
-    def evaluate(d, users):  # what fedsim.training.evaluate_users sums
+    def evaluate(d, users):  # what fedsim.training.local.evaluate_users sums
         sums: dict[str, float] = {}
         for u in users:
             xb, yb = d.test_samples(u, None)

@@ -11,8 +11,8 @@ from fedsim.data import FederatedText, data_spec, load_federated
 from fedsim.data import subset as _subset
 from fedsim.data.shakespeare import UNK_ID, VOCAB_SIZE, decode, encode, parse_play
 from fedsim.models import make_model, num_parameters
-from fedsim.scheduling import assign_users
-from fedsim.training import LocalTraining, evaluate_users, load_flat_, train_one_user, train_users
+from fedsim.training.local import LocalTraining, evaluate_users, load_flat_, train_one_user, train_users
+from fedsim.training.scheduling import assign_users
 
 PLAY = """# The Tragedy of Testing
 

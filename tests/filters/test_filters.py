@@ -9,7 +9,7 @@ import torch
 from scipy.signal import lfilter
 
 from fedsim.errors import FedsimError
-from fedsim.filters import PRESETS, DiskFilter, DopplerFilter, EMAFilter, Filter, IdentityFilter, make_filter
+from fedsim.server.filters import PRESETS, DiskFilter, DopplerFilter, EMAFilter, Filter, IdentityFilter, make_filter
 
 ALL_PRESETS = ["momentum", "first_order_v1", "first_order_v2", "second_order", "f1", "f2", "f3", "f4", "f5", "f6"]
 
@@ -179,7 +179,7 @@ def test_disk_with_a_negative_gamma_extrapolates_and_is_clipped_once():
     a·Δ' + (1−a)·Δ extrapolates past Δ; the client clips the mix once, so its norm is at most c."""
     from fedsim.config import load_config
     from fedsim.privacy.clipping import clip_vector
-    from fedsim.training import DiskClient
+    from fedsim.training.local import DiskClient
 
     f = make_filter("disk", mode="two_point", kappa=0.7, gamma=-1.0)
     assert f.a == pytest.approx(-3 / 7) and f.gamma == -1.0

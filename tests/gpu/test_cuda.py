@@ -84,7 +84,7 @@ def fallbacks(monkeypatch):
     path's, so an equality test cannot see it: a device bug in the batched pass (the clip's
     scales were once made on the CPU for rows on the GPU) hid behind it. Tests of batching on
     the device assert this list stays empty."""
-    from fedsim.vectorized import _VectorizedPass
+    from fedsim.training.vectorized import _VectorizedPass
 
     seen: list[list[int]] = []
     original = _VectorizedPass.train_sequentially
@@ -99,8 +99,8 @@ def fallbacks(monkeypatch):
 
 def test_lstm_users_batched_on_the_device_equal_sequential_and_the_cpu(fallbacks):
     from fedsim.models import make_model
-    from fedsim.training import LocalTraining, train_users
-    from fedsim.vectorized import train_users_vectorized
+    from fedsim.training.local import LocalTraining, train_users
+    from fedsim.training.vectorized import train_users_vectorized
 
     data = text_users(12, seed=2)
     spec = LocalTraining(epochs=2, batch_size=3, lr=0.5, max_examples=8, clip_norm=0.05)
@@ -145,8 +145,8 @@ def test_local_steps_replayed_from_cuda_graphs_equal_eager_steps():
     import dataclasses
 
     from fedsim.models import make_model
-    from fedsim.step_graphs import graphs_for
-    from fedsim.training import LocalTraining, train_users
+    from fedsim.training.local import LocalTraining, train_users
+    from fedsim.training.step_graphs import graphs_for
 
     data = text_users(12, seed=2)
     # batch 3 over at most 8 samples: batches of 3, 3 and 2 (users with fewer samples give
@@ -176,7 +176,7 @@ def test_local_steps_replayed_from_cuda_graphs_equal_eager_steps():
 @needs_cuda
 def test_a_graphed_step_is_queued_without_waiting_for_the_device():
     from fedsim.models import make_model
-    from fedsim.step_graphs import StepGraphs
+    from fedsim.training.step_graphs import StepGraphs
 
     data = text_users(4, seed=2)
     model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3).to(DEVICE)
@@ -218,7 +218,7 @@ def test_capturing_while_another_thread_copies_to_the_device_works():
     import threading
 
     from fedsim.models import make_model
-    from fedsim.step_graphs import StepGraphs
+    from fedsim.training.step_graphs import StepGraphs
 
     data = text_users(6, seed=2)
     model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3).to(DEVICE)
@@ -254,7 +254,7 @@ def test_a_batch_failing_its_warm_up_on_the_device_fails_its_user_and_keeps_the_
     import copy
 
     from fedsim.models import make_model
-    from fedsim.step_graphs import StepGraphs, sgd_step
+    from fedsim.training.step_graphs import StepGraphs, sgd_step
 
     data = text_users(4, seed=2)
     model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3).to(DEVICE)
@@ -281,7 +281,7 @@ def test_a_step_that_cannot_be_captured_on_the_device_runs_eagerly_from_then_on(
     import warnings
 
     from fedsim.models import make_model
-    from fedsim.step_graphs import StepGraphs, sgd_step
+    from fedsim.training.step_graphs import StepGraphs, sgd_step
 
     data = text_users(4, seed=2)
     model = make_model("shakespeare_lstm_small", data.model_dims(), seed=3).to(DEVICE)

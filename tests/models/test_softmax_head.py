@@ -16,7 +16,7 @@ from fedsim.data import data_spec, load_federated
 from fedsim.data.stackoverflow.synthetic import generate
 from fedsim.models import make_model
 from fedsim.models.softmax_head import TINY, block_rows, fused_loss, linear_cross_entropy
-from fedsim.training import LocalTraining, local_delta, train_users
+from fedsim.training.local import LocalTraining, local_delta, train_users
 
 
 def _both(f, w, b, t, ignore, rows, scale=1.0):

@@ -12,13 +12,13 @@ import torch
 
 from fedsim.config import load_config
 from fedsim.errors import FedsimError
-from fedsim.filters import make_filter
-from fedsim.optim import SGD, Adam, AdamBC, LPAdam, LPAdamBC, make_optimizer
 from fedsim.privacy.accounting import AccountingSpec
 from fedsim.privacy.ledger import Ledger
 from fedsim.privacy.noise import gaussian_noise
 from fedsim.privacy.rng import PrivacyKey
-from fedsim.server import DPServer, noise_variance_fn
+from fedsim.server.filters import make_filter
+from fedsim.server.optim import SGD, Adam, AdamBC, LPAdam, LPAdamBC, make_optimizer
+from fedsim.server.step import DPServer, noise_variance_fn
 
 X0 = [1.0, -2.0, 0.5]
 GRADS = [[0.5, -0.05, 0.0], [-0.3, 0.2, 1.5], [0.1, 0.4, -0.7], [0.2, -0.1, 0.3]]  # filtered g_t

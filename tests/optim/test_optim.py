@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedsim.errors import FedsimError
-from fedsim.optim import SGD, Adam, Momentum, make_optimizer
+from fedsim.server.optim import SGD, Adam, Momentum, make_optimizer
 
 X0 = [0.5, -1.25, 2.0]
 GRADS = [

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedsim.errors import FedsimError
-from fedsim.optim import AdamBC, Yogi, make_optimizer
+from fedsim.server.optim import AdamBC, Yogi, make_optimizer
 
 X0 = [1.0, -2.0, 0.5]
 GRADS = [[0.5, -0.05, 0.0], [-0.3, 0.2, 1.5], [0.1, 0.4, -0.7]]

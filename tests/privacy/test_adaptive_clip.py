@@ -15,7 +15,7 @@ from fedsim.config import load_config
 from fedsim.errors import FedsimError
 from fedsim.privacy.adaptive_clip import AdaptiveClip, combined_noise_multiplier, update_noise_multiplier
 from fedsim.privacy.ledger import check_budget_split, recompute_epsilon
-from fedsim.server import noise_variance_fn
+from fedsim.server.step import noise_variance_fn
 
 
 def _pld_eps(events, delta):
@@ -87,7 +87,7 @@ def test_controller_tracks_the_target_quantile(gamma):
 def test_phi_uses_the_round_clip_norm():
     """Φ_t with a per-round std (c_τ·z_Δ) equals the closed form for independent noise and a
     first-order filter: Φ_t = Σ_τ (h_{tτ}·s_τ)² / K̄²."""
-    from fedsim.filters import make_filter
+    from fedsim.server.filters import make_filter
 
     stds = [1.0, 2.0, 0.5, 3.0, 1.5]
     k_bar = 10

@@ -15,8 +15,8 @@ from fedsim.data.synthetic import SyntheticClassification
 from fedsim.errors import FedsimError
 from fedsim.models import make_model
 from fedsim.privacy.clipping import clip_rows, clip_vector
-from fedsim.training import LocalTraining, train_users
-from fedsim.vectorized import train_users_vectorized
+from fedsim.training.local import LocalTraining, train_users
+from fedsim.training.vectorized import train_users_vectorized
 
 C, R = 1.0, 0.01
 

@@ -62,7 +62,7 @@ def test_float32_store_keeps_an_upper_bound():
 
 
 def test_tensorboard_scalars_of_epsilon_and_delta_go_up():
-    from fedsim.tracking import _stored
+    from fedsim.reporting.tracking import _stored
 
     x = 8.695755385
     assert _stored("epsilon", x) >= x and _stored("summary/epsilon", x) >= x and _stored("summary/delta", x) >= x

@@ -19,8 +19,8 @@ from fedsim.privacy.mechanisms.blt import BLTStream
 from fedsim.privacy.noise import MatrixStream, NoiseMechanism
 from fedsim.privacy.participation import make_scheme
 from fedsim.privacy.sensitivity import min_sep, num_bands, sensitivity
-from fedsim.sampling import make_sampler
 from fedsim.seeding import make_generator
+from fedsim.server.sampling import make_sampler
 
 # ----------------------------------------------------------------------------- samplers
 

@@ -24,7 +24,7 @@ from dp_accounting.pld import PLDAccountant
 from fedsim.privacy.accounting import AccountingSpec, epsilon
 from fedsim.privacy.mechanisms import plan_mf
 from fedsim.privacy.participation import make_scheme
-from fedsim.sampling import make_sampler
+from fedsim.server.sampling import make_sampler
 
 Z = 1.0
 X_NAME = "user-0050x"  # sorts between user-0050 and user-0051

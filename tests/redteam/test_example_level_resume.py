@@ -25,16 +25,16 @@ from collections import Counter
 import pytest
 from helpers import CrashAfter
 
-import fedsim.example_dp as example_dp_module
+import fedsim.training.example_dp as example_dp_module
 from fedsim.clients.client_app import evaluate, train
 from fedsim.clients.faults import make_faulty_client_app
 from fedsim.config import load_config
 from fedsim.errors import FedsimError
-from fedsim.example_dp import silo_epsilon
 from fedsim.interrupt import RunInterrupted
 from fedsim.runner import run_experiment
 from fedsim.runner.build import model_sha256
 from fedsim.runner.callbacks import RunCallback
+from fedsim.training.example_dp import silo_epsilon
 
 BASE = [
     "data.name='synthetic'",

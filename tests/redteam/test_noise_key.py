@@ -96,9 +96,9 @@ def test_example_level_noise_cannot_be_regenerated_from_anything_public():
     (each silo key is secret and fresh), and neither matches a torch generator seeded as before."""
     from torch.nn.utils import parameters_to_vector
 
-    from fedsim import example_dp
-    from fedsim.example_dp import ExampleDP, local_delta_example_dp
     from fedsim.models import make_model
+    from fedsim.training import example_dp
+    from fedsim.training.example_dp import ExampleDP, local_delta_example_dp
 
     model = make_model("shakespeare_lstm_small", 80, seed=0, dp_layers=True)
     x0 = parameters_to_vector(model.parameters()).detach().clone()
@@ -120,7 +120,7 @@ def test_example_level_noise_cannot_be_regenerated_from_anything_public():
     # the silo key is not part of the task a worker receives (the task is all the server sends)
     from fedsim.config import load_config
     from fedsim.protocol import Task
-    from fedsim.training import LocalTraining
+    from fedsim.training.local import LocalTraining
 
     task = Task(
         load_config(None).data,

@@ -14,7 +14,7 @@ from fedsim.config import load_config
 from fedsim.errors import FedsimError
 from fedsim.privacy.rng import PrivacyKey
 from fedsim.runner import build_run, resolve_privacy, scheme_of
-from fedsim.sampling import make_sampler
+from fedsim.server.sampling import make_sampler
 
 NAMES = [f"user_{i:03d}" for i in range(41)]
 BASE = ["data.name='synthetic'", "model.name='logreg'", "rounds=12", "sim.engine='inprocess'", "sim.num_workers=1"]

@@ -14,13 +14,13 @@ from dp_accounting import dp_event
 from dp_accounting.pld import PLDAccountant
 
 from fedsim.config import load_config
-from fedsim.error_feedback import ServerErrorFeedback, server_noise_norm
 from fedsim.errors import FedsimError
-from fedsim.optim import make_optimizer
 from fedsim.privacy.accounting import AccountingSpec, epsilon
 from fedsim.privacy.ledger import Ledger, recompute_epsilon
 from fedsim.privacy.noise import zero_noise
-from fedsim.server import DPServer
+from fedsim.server.optim import make_optimizer
+from fedsim.server.step import DPServer
+from fedsim.training.error_feedback import ServerErrorFeedback, server_noise_norm
 
 K_BAR, C1, C2, Z, Q, ROUNDS, N = 100, 1.0, 1.0, 1.0, 0.05, 200, 2000
 HOSTILE_NORM = 50.0

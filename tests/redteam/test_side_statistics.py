@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from fedsim.config import load_config
-from fedsim.metrics import SIDE_STATISTICS, is_side_statistic
+from fedsim.reporting.metrics import SIDE_STATISTICS, is_side_statistic
 
 SMALL = [
     "rounds=2",

@@ -11,15 +11,15 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedsim import protocol
-from fedsim.aggregation import UpdateAggregator
 from fedsim.clients.faults import HostileUsers, make_hostile_user_app
 from fedsim.config import load_config
 from fedsim.data.synthetic import SyntheticClassification
-from fedsim.error_feedback import ClientStateStore
 from fedsim.models import make_model
 from fedsim.privacy.clipping import clip_vector
-from fedsim.training import LocalTraining, train_users, train_users_ef
-from fedsim.vectorized import train_users_vectorized
+from fedsim.server.aggregation import UpdateAggregator
+from fedsim.training.error_feedback import ClientStateStore
+from fedsim.training.local import LocalTraining, train_users, train_users_ef
+from fedsim.training.vectorized import train_users_vectorized
 
 SPEC = LocalTraining(epochs=1, batch_size=4, lr=0.5, max_examples=8, clip_norm=1.0)
 HUGE, RAISES, A, B = 0, 1, 2, 3
@@ -48,7 +48,7 @@ def test_one_poisoned_entry_anywhere_zeroes_the_update(dtype, poison):
     """The finiteness test is the float64 norm alone (no entrywise pass): one NaN or ±inf at any
     position of a large vector — first, last, middle — still gives zeros and an infinite norm,
     and so does a float64 vector of finite entries whose sum of squares overflows."""
-    from fedsim.training import isolated_clip
+    from fedsim.training.local import isolated_clip
 
     n = 100_003
     for pos in (0, n // 2, n - 1):
@@ -65,7 +65,7 @@ def test_one_poisoned_entry_anywhere_zeroes_the_update(dtype, poison):
 def test_a_float64_update_that_overflows_the_float32_cast_is_zeroed():
     """Entries within float64 but beyond float32 after clipping (c above float32's max): the
     worker's float32 sum would hold inf, so the update is zeroed instead."""
-    from fedsim.training import isolated_clip
+    from fedsim.training.local import isolated_clip
 
     v = torch.tensor([1e39, -1e39], dtype=torch.float64)
     out, norm, finite = isolated_clip(v, 1e40)  # not clipped: ‖v‖ < c
@@ -79,7 +79,7 @@ def test_a_clipped_float64_update_stays_within_c_once_cast_to_the_float32_worker
     (about 1e-15) can round above ``c`` in that cast (each entry moves by up to 6e-8 of itself),
     so one user would weigh more than ``c`` in the sum. Both clipping paths use float32's margin
     for wider deltas: the cast's norm, in float64, is at most ``c`` for every vector."""
-    from fedsim.training import isolated_clip, isolated_clip_rows
+    from fedsim.training.local import isolated_clip, isolated_clip_rows
 
     g = torch.Generator().manual_seed(7)
     rows = torch.randn(400, 33, generator=g, dtype=torch.float64) * 5
@@ -109,7 +109,7 @@ def test_rows_clipped_together_are_each_isolated():
     """Vectorized training clips its users' deltas as one batch (:func:`isolated_clip_rows`): a
     row that overflows the float32 cast, or holds a NaN, becomes zeros, and every other row is
     bit for bit what :func:`isolated_clip` gives it alone."""
-    from fedsim.training import isolated_clip, isolated_clip_rows
+    from fedsim.training.local import isolated_clip, isolated_clip_rows
 
     g = torch.Generator().manual_seed(1)
     rows = torch.randn(5, 6, generator=g, dtype=torch.float64) * 3

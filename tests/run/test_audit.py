@@ -356,7 +356,7 @@ def test_audit_detects_noise_ten_times_smaller_than_accounted(tmp_path, monkeypa
     """(c) A broken mechanism: the server adds 1/10 of the noise the ledger accounts for
     (z = 1 in the ledger, 0.1 in the model). The lower end of the 95 % interval exceeds the
     ledger's ε."""
-    from fedsim.server import DPServer
+    from fedsim.server.step import DPServer
 
     honest = DPServer.noise_std
     monkeypatch.setattr(DPServer, "noise_std", property(lambda self: 0.1 * honest.fget(self)))

@@ -1,4 +1,4 @@
-"""Tests of fedsim.report on hand-written run folders (no training involved)."""
+"""Tests of fedsim.reporting.report on hand-written run folders (no training involved)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedsim.errors import FedsimError
-from fedsim.report import (
+from fedsim.reporting.report import (
     comparison_table,
     format_table,
     plot_comparison,
@@ -261,7 +261,7 @@ def test_format_table_empty_and_sparse_rows() -> None:
 
 
 def test_ablation_groups_runs_by_config_without_seed(tmp_path: Path) -> None:
-    from fedsim.report import ablation_arms, plot_ablation
+    from fedsim.reporting.report import ablation_arms, plot_ablation
 
     runs = []
     for arm, finals in (("ema", (0.30, 0.32, 0.34)), ("none", (0.20, 0.26))):
@@ -286,7 +286,7 @@ def test_ablation_groups_runs_by_config_without_seed(tmp_path: Path) -> None:
 
 
 def test_ablation_label_falls_back_to_the_differing_keys(tmp_path: Path) -> None:
-    from fedsim.report import ablation_arms
+    from fedsim.reporting.report import ablation_arms
 
     runs = []
     for i, (arm, seed) in enumerate((("ema", 0), ("ema", 1), ("none", 0))):
@@ -302,8 +302,8 @@ def test_psd_of_filtered_white_noise_has_the_filter_gain(tmp_path: Path) -> None
     import numpy as np
     import torch
 
-    from fedsim.filters import make_filter
-    from fedsim.report import plot_psd, power_spectra
+    from fedsim.reporting.report import plot_psd, power_spectra
+    from fedsim.server.filters import make_filter
 
     rng = np.random.default_rng(0)
     before = rng.normal(size=(2048, 32)).astype(np.float32)
@@ -320,12 +320,12 @@ def test_server_traces_coordinates_before_and_after_the_filter() -> None:
     import numpy as np
     import torch
 
-    from fedsim.filters import make_filter
-    from fedsim.optim import make_optimizer
     from fedsim.privacy.accounting import AccountingSpec
     from fedsim.privacy.ledger import Ledger
     from fedsim.privacy.noise import gaussian_noise
-    from fedsim.server import DPServer
+    from fedsim.server.filters import make_filter
+    from fedsim.server.optim import make_optimizer
+    from fedsim.server.step import DPServer
 
     spec = AccountingSpec("gaussian", "poisson", 100, 10, 1.0, 1e-3)
     srv = DPServer(

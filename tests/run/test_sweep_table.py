@@ -275,7 +275,7 @@ def test_failed_search_and_asha_trials_are_missing(tmp_path, monkeypatch):
         "client.lr=0.5": (1, 1),
         "client.lr=1.0": (0, 1),
     }
-    from fedsim.sweep_report import selection_line
+    from fedsim.reporting.sweep_report import selection_line
 
     assert f"1 trial(s) did not finish ({bad['name']})" in selection_line(out)
 
@@ -308,7 +308,7 @@ def test_report_plots_label_the_relation_and_delta(tmp_path, monkeypatch):
     others'. It names relation and δ only when every arm shares them."""
     import matplotlib.axes
 
-    from fedsim.sweep_report import plot_accuracy_vs_epsilon, plot_arms
+    from fedsim.reporting.sweep_report import plot_accuracy_vs_epsilon, plot_arms
 
     labels: list[str] = []
     monkeypatch.setattr(matplotlib.axes.Axes, "set_xlabel", lambda self, text, *a, **k: labels.append(text))

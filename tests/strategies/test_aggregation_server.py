@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.aggregation import UpdateAggregator
-from fedsim.optim import SGD
 from fedsim.privacy.accounting import AccountingSpec
 from fedsim.privacy.ledger import Ledger
 from fedsim.privacy.noise import gaussian_noise, zero_noise
-from fedsim.server import DPServer
+from fedsim.server.aggregation import UpdateAggregator
+from fedsim.server.optim import SGD
+from fedsim.server.step import DPServer
 
 D = 50
 

@@ -9,7 +9,7 @@ import torch
 from fedsim.config import load_config
 from fedsim.errors import FedsimError
 from fedsim.privacy.noise import NoiseMechanism, gaussian_noise
-from fedsim.server import noise_variance_fn
+from fedsim.server.step import noise_variance_fn
 
 BASE = [
     "rounds=6",
@@ -28,7 +28,7 @@ BASE = [
 def test_phi_matches_empirical_variance_of_filtered_noise(which, filt):
     """Push real streamed noise through the real filter over d = 40,000 i.i.d. coordinates;
     the per-coordinate variance at each t must match Φ_t within 5 standard errors."""
-    from fedsim.filters import make_filter
+    from fedsim.server.filters import make_filter
 
     n, d, std, k_bar = 8, 40_000, 3.0, 10
     if which == "gaussian":

@@ -15,13 +15,13 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, Metadata, MetricRecord, RecordDict
 
 from fedsim import protocol
-from fedsim.optim import make_optimizer
 from fedsim.privacy.accounting import AccountingSpec
 from fedsim.privacy.ledger import Ledger
 from fedsim.privacy.noise import zero_noise
 from fedsim.privacy.participation import make_scheme
-from fedsim.sampling import make_sampler
-from fedsim.server import DPServer
+from fedsim.server.optim import make_optimizer
+from fedsim.server.sampling import make_sampler
+from fedsim.server.step import DPServer
 from fedsim.strategies.user_dp import UserLevelDPStrategy
 
 D, N, K = 6, 12, 6

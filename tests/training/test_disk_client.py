@@ -7,14 +7,14 @@ import pytest
 import torch
 from torch.nn.utils import parameters_to_vector
 
-import fedsim.training as training
+import fedsim.training.local as training
 from fedsim.config import load_config
 from fedsim.data import data_spec, load_federated
 from fedsim.data.shakespeare import VOCAB_SIZE
 from fedsim.errors import FedsimError
-from fedsim.filters import make_filter
 from fedsim.models import make_model
-from fedsim.training import DiskClient, LocalTraining, local_delta, train_one_user, train_users
+from fedsim.server.filters import make_filter
+from fedsim.training.local import DiskClient, LocalTraining, local_delta, train_one_user, train_users
 
 
 def _disk(mode, kappa=0.7, gamma=None):

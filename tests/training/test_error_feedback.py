@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from fedsim.config import load_config
-from fedsim.error_feedback import (
+from fedsim.errors import FedsimError
+from fedsim.privacy.clipping import clip_vector
+from fedsim.training.error_feedback import (
     ClientStateStore,
     ServerErrorFeedback,
     check_memory,
     client_ef_update,
     server_noise_norm,
 )
-from fedsim.errors import FedsimError
-from fedsim.privacy.clipping import clip_vector
 
 # DiceSGD Appendix B.1: C = 1, C' = ⌈C⌉ + 1 = 2, N = C' + 1 = 3 clients with ξ = (−1, −1, C').
 C, CP = 1.0, 2.0

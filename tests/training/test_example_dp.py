@@ -13,8 +13,8 @@ from torch.nn.utils import parameters_to_vector
 
 from fedsim.config import load_config
 from fedsim.errors import FedsimError
-from fedsim.example_dp import ExampleDP, SiloLedger, local_delta_example_dp, silo_epsilon, steps_and_rate
 from fedsim.models import make_model
+from fedsim.training.example_dp import ExampleDP, SiloLedger, local_delta_example_dp, silo_epsilon, steps_and_rate
 
 
 @pytest.mark.parametrize("sigma,q,steps", [(1.0, 0.125, 8), (0.8, 0.05, 200), (2.0, 0.5, 40)])
@@ -86,9 +86,9 @@ def test_one_added_record_changes_no_other_records_batches(monkeypatch):
     same silo plus one record, under one silo key: every other record's batch memberships are
     the same, and where the added record happens to join no batch the update is bit for bit the
     same."""
-    import fedsim.example_dp as ex
+    import fedsim.training.example_dp as ex
     from fedsim.privacy.rng import PrivacyKey
-    from fedsim.training import LocalTraining, user_delta
+    from fedsim.training.local import LocalTraining, user_delta
 
     X, Y = _samples(n=42, seed=4)
     small, big = _Silo(X[:41], Y[:41]), _Silo(X, Y)
@@ -124,7 +124,7 @@ def test_one_added_record_changes_no_other_records_batches(monkeypatch):
 def test_a_silo_whose_source_returns_too_few_records_fails():
     """The ledger's rate is over ``num_train`` records; a source that serves fewer would train
     at another rate than the one accounted, so the silo raises (and fails alone)."""
-    from fedsim.example_dp import silo_samples
+    from fedsim.training.example_dp import silo_samples
 
     class Short(_Silo):
         def train_samples(self, user, idx):

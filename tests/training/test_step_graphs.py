@@ -1,4 +1,4 @@
-"""sim.cuda_graphs: where local steps are replayed from CUDA graphs (fedsim.step_graphs).
+"""sim.cuda_graphs: where local steps are replayed from CUDA graphs (fedsim.training.step_graphs).
 
 The graphs themselves run only on a CUDA device (tests/gpu checks them against eager steps
 there); here: the setting reaches the workers, and nothing is captured where it must not be.
@@ -16,8 +16,8 @@ from helpers import text_users
 from fedsim.config import load_config
 from fedsim.errors import FedsimError
 from fedsim.models import make_model
-from fedsim.step_graphs import StepGraphs, graphs_for, sgd_step
-from fedsim.training import LocalTraining, local_delta
+from fedsim.training.local import LocalTraining, local_delta
+from fedsim.training.step_graphs import StepGraphs, graphs_for, sgd_step
 
 
 def test_the_setting_reaches_what_a_worker_reads():
@@ -81,7 +81,7 @@ class _FakeCuda:
     def install(self, monkeypatch) -> None:
         import contextlib
 
-        import fedsim.step_graphs as sg
+        import fedsim.training.step_graphs as sg
 
         fake = self
 

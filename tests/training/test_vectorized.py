@@ -13,8 +13,8 @@ from fedsim.config import load_config
 from fedsim.data.synthetic import SyntheticClassification
 from fedsim.errors import FedsimError
 from fedsim.models import make_model
-from fedsim.training import LocalTraining, train_users
-from fedsim.vectorized import recurrent, train_users_vectorized, vectorizable
+from fedsim.training.local import LocalTraining, train_users
+from fedsim.training.vectorized import recurrent, train_users_vectorized, vectorizable
 
 
 class Ragged(SyntheticClassification):
@@ -92,7 +92,7 @@ def test_users_of_different_sizes_train_together_on_the_samples_their_plans_take
     counts all differ, one per chunk: nothing batched), and only the samples a user's plan takes
     are read (not all of a user's samples). Two epochs take different subsets, so the chunk's
     users load different numbers of samples and the rows are padded: still equal to sequential."""
-    import fedsim.vectorized as vec
+    import fedsim.training.vectorized as vec
 
     data = text_users(12, seed=2)
     users = [7, 0, 11, 4, 2, 9, 5]

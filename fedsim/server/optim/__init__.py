@@ -18,7 +18,7 @@ mean model delta) and updates the flat parameters in place:
   noise; ``v̂ = max((v_t − φ_t)/(1−β2^{t+1}), γ′_t)``; ``x ← x − η g / √v̂``
 
 The LP variants read both vectors: :meth:`ServerOptimizer.step` takes the unfiltered
-pseudo-gradient as ``raw`` (:class:`fedsim.server.DPServer` passes it to optimizers with
+pseudo-gradient as ``raw`` (:class:`fedsim.server.step.DPServer` passes it to optimizers with
 ``uses_raw``; every other optimizer ignores it).
 
 All are post-processing of the DP release: they never change ε.

@@ -4,7 +4,7 @@ per-user parameters.
 For small models and small users, a worker's time goes into per-step Python and kernel
 launch overhead, not arithmetic; training ``U`` users as one batched computation
 (``vmap`` of the loss over a leading user dimension, one backward pass for all users) removes most of it. The result equals
-sequential training (:func:`fedsim.training.local_delta` user by user) up to float rounding:
+sequential training (:func:`fedsim.training.local.local_delta` user by user) up to float rounding:
 every user takes the same steps on the same batches in the same order, drawn from its own
 generator ``(seed, "client", round, user)``; users are grouped by the samples an epoch takes
 (``min(n, max_examples)``) so that their step structures coincide, and each user's samples that
@@ -14,8 +14,8 @@ A model that batches its own forward pass (``batched_forward(stacked_params, x)`
 models, :func:`fedsim.models.batched_linear`; only where the class defining it also defines the
 model's ``forward``) is called directly instead of through ``vmap`` and ``functional_call``, whose
 per-call cost was a third of a W2 step; the users' deltas are clipped
-as one batch (:func:`fedsim.training.isolated_clip_rows`, each row exactly what
-:func:`~fedsim.training.isolated_clip` gives it alone).
+as one batch (:func:`fedsim.training.local.isolated_clip_rows`, each row exactly what
+:func:`~fedsim.training.local.isolated_clip` gives it alone).
 
 Models with ``nn.LSTM`` layers are trained through their
 :func:`~fedsim.models.stepwise_lstm.stepwise_twin` (the same function written from matrix
@@ -66,7 +66,7 @@ def vectorizable(model: nn.Module) -> bool:
 
 
 def _plan(data, u: int, round_index: int, seed: int, spec, g: torch.Generator | None = None) -> list[np.ndarray]:
-    """User ``u``'s per-epoch sample order, exactly as :func:`fedsim.training.local_delta` draws it
+    """User ``u``'s per-epoch sample order, exactly as :func:`fedsim.training.local.local_delta` draws it
     (``g``, when given, is reseeded for the user instead of building a generator)."""
     g = (
         make_generator(seed, "client", int(round_index), int(u))
@@ -137,7 +137,7 @@ class _VectorizedPass:
     """One worker's pass over its users, trained in groups of one step structure under ``vmap``.
 
     Results accumulate in ``clipped_of`` (user → clipped delta) and ``results`` (user →
-    :class:`~fedsim.training.UserResult`); a user whose data fails contributes zero (isolation).
+    :class:`~fedsim.training.local.UserResult`); a user whose data fails contributes zero (isolation).
     """
 
     def __init__(self, model: nn.Module, x0: torch.Tensor, data: Any, round_index: int, seed: int, spec: Any) -> None:
@@ -159,7 +159,7 @@ class _VectorizedPass:
         self.positions: dict[int, list[np.ndarray]] = {}  # plans as rows of the loaded samples
 
     def fail(self, u: int) -> None:
-        from fedsim.training import failed_result
+        from fedsim.training.local import failed_result
 
         self.clipped_of[u] = torch.zeros(self.x0.numel(), dtype=torch.float32, device=self.dev)
         self.results[u] = failed_result(u)
@@ -226,7 +226,7 @@ class _VectorizedPass:
     def train_chunk(self, chunk: list[int]) -> None:
         """Train ``chunk`` (users of one step structure) together under ``vmap``; each user's
         delta is clipped on its own, and a non-finite one becomes zero (isolation)."""
-        from fedsim.training import UserResult, isolated_clip_rows
+        from fedsim.training.local import UserResult, isolated_clip_rows
 
         chunk, samples = self._load(chunk)
         if not chunk:
@@ -248,7 +248,7 @@ class _VectorizedPass:
 
     def train_sequentially(self, chunk: list[int]) -> None:
         """A chunk whose batched pass raised: its users one by one, each isolated."""
-        from fedsim.training import train_one_user
+        from fedsim.training.local import train_one_user
 
         for u in chunk:
             self.clipped_of[u], self.results[u] = train_one_user(
@@ -259,8 +259,8 @@ class _VectorizedPass:
 def train_users_vectorized(
     model: nn.Module, x0: torch.Tensor, data: Any, users: list[int], round_index: int, seed: int, spec: Any
 ) -> tuple[torch.Tensor, list[Any]]:
-    """Like :func:`fedsim.training.train_users` (sum of clipped deltas, per-user results), with
-    users trained in groups under ``vmap``. ``spec`` is a :class:`~fedsim.training.LocalTraining`."""
+    """Like :func:`fedsim.training.local.train_users` (sum of clipped deltas, per-user results), with
+    users trained in groups under ``vmap``. ``spec`` is a :class:`~fedsim.training.local.LocalTraining`."""
     run = _VectorizedPass(model, x0, data, round_index, seed, spec)
     groups = run.group(users)
     size = max(1, min(CHUNK, STACKED_FLOATS // max(1, x0.numel())))

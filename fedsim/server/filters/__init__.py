@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedsim.filters.base import FILTERS, Filter, FilterKind, FilterOptions, IdentityFilter, register_filter
-from fedsim.filters.doppler import DEFAULT_PRESET, PRESETS, DopplerFilter, validate_coefficients
-from fedsim.filters.ema import DISK_MODES, DiskFilter, EMAFilter
 from fedsim.registry import validate_options
+from fedsim.server.filters.base import FILTERS, Filter, FilterKind, FilterOptions, IdentityFilter, register_filter
+from fedsim.server.filters.doppler import DEFAULT_PRESET, PRESETS, DopplerFilter, validate_coefficients
+from fedsim.server.filters.ema import DISK_MODES, DiskFilter, EMAFilter
 
 __all__ = [
     "DEFAULT_PRESET",

@@ -19,7 +19,7 @@ import torch
 from pydantic import Field, model_validator
 
 from fedsim.errors import FedsimError
-from fedsim.filters.base import Filter, FilterKind, FilterOptions, _check_update, register_filter
+from fedsim.server.filters.base import Filter, FilterKind, FilterOptions, _check_update, register_filter
 
 DEFAULT_KAPPA = 0.7
 DEFAULT_GAMMA = 0.5

@@ -34,7 +34,7 @@ from fedsim.models.softmax_head import fused_loss
 from fedsim.parameters import load_flat_ as load_flat_  # used here; re-exported for callers
 from fedsim.privacy.clipping import clip_rows, clip_vector, is_finite_norm
 from fedsim.seeding import make_generator
-from fedsim.step_graphs import graphs_for, sgd_step
+from fedsim.training.step_graphs import graphs_for, sgd_step
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class LocalTraining:
         where both the model and the data allow it. Equal to the unfused loss up to float rounding.
         Default False.
     cuda_graphs : on a CUDA device, replay a recurrent model's local steps from CUDA graphs
-        (:mod:`fedsim.step_graphs`; ``sim.cuda_graphs``). The same kernels on the same values as
+        (:mod:`fedsim.training.step_graphs`; ``sim.cuda_graphs``). The same kernels on the same values as
         eager steps. Default False.
     clip_stability : automatic clipping's ``r`` (``clipping.mode = "automatic"``): every delta
         becomes ``c·Δ/(‖Δ‖ + r)``. None (default): flat clipping ``Δ·min(1, c/‖Δ‖)``.
@@ -205,8 +205,8 @@ def _hook_delta(
     spec: LocalTraining,
 ) -> tuple[torch.Tensor, float, int]:
     """``(Δ, loss, samples)`` of the registered local update ``spec.local_update``
-    (:mod:`fedsim.local_updates`) on the user's seeded batches."""
-    from fedsim.local_updates import LOCAL_UPDATES
+    (:mod:`fedsim.training.local_updates`) on the user's seeded batches."""
+    from fedsim.training.local_updates import LOCAL_UPDATES
 
     update = LOCAL_UPDATES.get_part(str(spec.local_update))
     dev = params[0].device
@@ -281,12 +281,12 @@ def user_delta(
     With ``disk`` (and the previous server step ``d_prev``), ``Δ`` is DiSK's mixed update
     (:meth:`DiskClient.update`); the reported loss is the one at ``x0`` (``two_point``) or
     at the look-ahead point (``lookahead``). With ``example_dp`` (an
-    :class:`~fedsim.example_dp.ExampleDP`), local training is Opacus DP-SGD on the silo's
-    examples (:func:`~fedsim.example_dp.local_delta_example_dp`). ``while_queued``: as in
+    :class:`~fedsim.training.example_dp.ExampleDP`), local training is Opacus DP-SGD on the silo's
+    examples (:func:`~fedsim.training.example_dp.local_delta_example_dp`). ``while_queued``: as in
     :func:`local_delta` (not run under ``example_dp``).
     """
     if example_dp is not None:
-        from fedsim.example_dp import local_delta_example_dp, silo_samples
+        from fedsim.training.example_dp import local_delta_example_dp, silo_samples
 
         samples = silo_samples(data, user)
         return local_delta_example_dp(
@@ -416,7 +416,7 @@ def train_users_ef(
     d_prev: torch.Tensor | None = None,
     example_dp: Any = None,
 ) -> tuple[torch.Tensor, list[UserResult], dict[int, torch.Tensor] | torch.Tensor]:
-    """Train users with clipping error feedback (:mod:`fedsim.error_feedback`).
+    """Train users with clipping error feedback (:mod:`fedsim.training.error_feedback`).
 
     Parameters
     ----------
@@ -427,7 +427,7 @@ def train_users_ef(
 
     Returns ``(Σ u_i, results, new states | residual sum)``; all on the CPU.
     """
-    from fedsim.error_feedback import client_ef_update
+    from fedsim.training.error_feedback import client_ef_update
 
     if mode not in ("client", "server"):
         raise ValueError(f"error feedback mode {mode!r}")

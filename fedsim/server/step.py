@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsim.optim import ServerOptimizer
 from fedsim.privacy.ledger import Ledger
 from fedsim.privacy.noise import NoiseMechanism
+from fedsim.server.optim import ServerOptimizer
 
 
 class DPServer:
@@ -33,12 +33,12 @@ class DPServer:
     noise_multiplier : ``z`` (0 for no noise).
     expected_cohort : ``K̄``, the fixed denominator.
     filter : optional server-side filter applied to ``ĝ_t`` before the optimizer
-        (``step(update) -> update``, ``state_dict()``), e.g. from :func:`fedsim.filters.make_filter`.
+        (``step(update) -> update``, ``state_dict()``), e.g. from :func:`fedsim.server.filters.make_filter`.
         An optimizer with ``uses_raw`` (LP-Adam) also gets ``−ĝ_t`` from before the filter.
     clip_controller : optional :class:`~fedsim.privacy.adaptive_clip.AdaptiveClip`; then
         ``clip_norm`` is ``c_t`` of the current round and moves after every step, and
         ``noise_multiplier`` is the update's share ``z_Δ``.
-    error_feedback : optional :class:`~fedsim.error_feedback.ServerErrorFeedback` (experimental):
+    error_feedback : optional :class:`~fedsim.training.error_feedback.ServerErrorFeedback` (experimental):
         ``ĝ_t = (U_t + noise)/K̄ + clip(e_t, c₂)``, then ``e_{t+1} = e_t − clip(e_t, c₂) + R_t/K̄``
         with ``R_t`` the summed residuals.
     """

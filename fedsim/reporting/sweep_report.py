@@ -101,7 +101,7 @@ def plot_arms(folder: Path, result: dict[str, Any]) -> Path:
     import matplotlib
     import numpy as np
 
-    from fedsim.report import read_metrics
+    from fedsim.reporting.report import read_metrics
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -9,7 +9,7 @@ A local update is a function ``update(model, batches, loss, spec) -> float``:
   fedsim's own local SGD takes (``client.batch_size``, ``client.max_examples``,
   ``client.local_epochs``), and nothing of any other user;
 - ``loss``: the dataset's loss, ``loss(model(x), y)``;
-- ``spec``: :class:`fedsim.training.LocalTraining` (``lr``, ``epochs``, … as configured);
+- ``spec``: :class:`fedsim.training.local.LocalTraining` (``lr``, ``epochs``, … as configured);
 - returns the mean training loss (for the metrics; any float).
 
 fedsim then takes ``Δ = x_local − x_t`` and treats it as it treats its own: a ``Δ`` that is not

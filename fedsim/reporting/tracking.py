@@ -13,7 +13,7 @@ fedsim's own record of a run is its folder (``config.toml``, ``metrics.jsonl``, 
 
 Lifecycle (the runner's side): :meth:`Tracker.start` once the run folder holds ``config.toml``
 (and, on ``--resume``, after ``metrics.jsonl`` was cut back to the checkpoint);
-:meth:`Tracker.log_row` with every *published* metrics row (:func:`fedsim.metrics.public_row`,
+:meth:`Tracker.log_row` with every *published* metrics row (:func:`fedsim.reporting.metrics.public_row`,
 applied again here from ``privacy.publish_side_statistics`` as a second line of defence);
 :meth:`Tracker.finish` at the end with the summary, or with no summary after an interruption
 or a failure (it is idempotent).
@@ -46,7 +46,7 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
 from fedsim.errors import FedsimError
-from fedsim.metrics import public_row
+from fedsim.reporting.metrics import public_row
 
 #: The file in the run folder holding each tracker's state (MLflow run id, last round logged).
 STATE_FILE = "tracking.json"
@@ -163,7 +163,7 @@ def write_state(run_dir: Path, section: str, value: Mapping[str, Any]) -> None:
     run_dir : the run folder. section : the tracker's name. value : its state (JSON-able).
     """
     state = read_state(run_dir)
-    state["format"] = "fedsim.tracking/1"
+    state["format"] = "fedsim.tracking/1"  # a format name, not a module path: unchanged so old folders resume
     state[section] = dict(value)
     tmp = run_dir / f".{STATE_FILE}.tmp"
     tmp.write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")

@@ -23,7 +23,7 @@ import torch
 from scipy.signal import lfilter
 
 from fedsim.errors import FedsimError
-from fedsim.filters.base import Filter, FilterKind, FilterOptions, _check_update, register_filter
+from fedsim.server.filters.base import Filter, FilterKind, FilterOptions, _check_update, register_filter
 
 #: Presets of docs/algorithms.md §6 (paper Tables 2 and 4): name -> (b, a), ``a`` without the leading 1.
 PRESETS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
