@@ -19,7 +19,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsim import protocol, records
+from fedsim import plugins, protocol, records
 from fedsim.data import spec_from_json
 from fedsim.deploy.nodes import node_data, node_selection
 from fedsim.models import make_model
@@ -53,6 +53,9 @@ def _worker(task_json: str, node_config: dict | None = None) -> tuple:
     key = task_json + json.dumps({k: str(v) for k, v in node_config.items()}, sort_keys=True)
     with _lock:
         if key not in _workers:
+            raw = json.loads(task_json)
+            if raw.get("plugins"):  # the run's own parts register before its data spec is read
+                plugins.require(raw["plugins"], "this SuperNode" if raw.get("deployed") else "this worker")
             task = protocol.Task.from_json(task_json)
             torch.set_num_threads(max(1, task.threads))
             if task.allocator == "tuned":
@@ -169,7 +172,10 @@ def evaluate(msg: Message, context: Context) -> Message:
 def census(msg: Message, context: Context) -> Message:
     """Deployment: report this node's users (names, train and test sample counts) and the
     model dimensions of its data, for the data spec in the message."""
-    spec = spec_from_json(str(records.config(msg, protocol.CONFIG)["data"]))
+    cfg = records.config(msg, protocol.CONFIG)
+    if "plugins" in cfg:  # the parts of the run's plugins, before the data spec is read
+        plugins.require(json.loads(str(cfg["plugins"])), "this SuperNode")
+    spec = spec_from_json(str(cfg["data"]))
     selection = node_selection(dict(context.node_config), deployed=True)
     data = node_data(spec, selection)
     metrics = MetricRecord(

@@ -29,11 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import FedsimError
+from fedsim.registry import RegistryFrozen
 
 ENV = "FEDSIM_PLUGINS"
 ENTRY_POINT_GROUP = "fedsim.plugins"
 #: plugin spec (a module name or an absolute file path) → the module it was imported as
 LOADED: dict[str, str] = {}
+#: SHA-256 of each plugin file loaded → its spec: the same code at another path is the same plugin
+DIGESTS: dict[str, str] = {}
 _startup_done = False
 
 
@@ -76,14 +79,60 @@ def load(specs: Iterable[str], origin: str) -> list[str]:
         out.append(spec)
         if spec in LOADED:
             continue
+        sha = digest(spec)
+        if sha and sha in DIGESTS:  # this file's code is loaded already, from another path
+            LOADED[spec] = LOADED[DIGESTS[sha]]
+            continue
         try:
             LOADED[spec] = _import_file(spec) if is_file(spec) else importlib.import_module(spec).__name__
+        except RegistryFrozen:
+            raise FedsimError(
+                f"plugin {spec!r} (from {origin}) was not loaded when this process started, and parts cannot "
+                f"be registered once a config is loaded: name it in ${ENV} for this process (in deployment, "
+                f"in the environment of the SuperLink and of every SuperNode), or install it as a package "
+                f"with a {ENTRY_POINT_GROUP!r} entry point"
+            ) from None
         except FedsimError as e:
             raise FedsimError(f"plugin {spec!r} (from {origin}): {e}") from None
         except Exception as e:
             raise FedsimError(f"plugin {spec!r} (from {origin}) failed to import: {type(e).__name__}: {e}") from None
+        if sha:
+            DIGESTS[sha] = spec
     _export()
     return out
+
+
+def digest(spec: str) -> str:
+    """The SHA-256 of plugin file ``spec`` (hex), or ``""`` for a module name or a missing file."""
+    p = Path(spec)
+    return hashlib.sha256(p.read_bytes()).hexdigest() if is_file(spec) and p.is_file() else ""
+
+
+def manifest(specs: Iterable[str] | None) -> list[dict[str, str]]:
+    """What the processes of a run must load, as sent to them: each plugin's spec as recorded and,
+    for a file, the SHA-256 of its contents (so a node may hold the same file at another path)."""
+    return [{"spec": s, "sha256": digest(s)} for s in (specs or [])]
+
+
+def require(items: Iterable[dict[str, str]], where: str) -> None:
+    """Load the plugins of a run's :func:`manifest` in this process (``where`` names it for
+    errors, e.g. ``"this SuperNode"``). A plugin already loaded here, by spec or by the same file
+    contents, counts as loaded; a file missing here, or different from the server's, is an error
+    that says how to provide it."""
+    load_startup()
+    for item in items:
+        spec, sha = str(item["spec"]), str(item.get("sha256", ""))
+        if spec in LOADED or (sha and sha in DIGESTS):
+            continue
+        how = (
+            f"copy it there, or start {where} with ${ENV} naming a copy, or install it as a package with a "
+            f"{ENTRY_POINT_GROUP!r} entry point"
+        )
+        if is_file(spec) and not Path(spec).is_file():
+            raise FedsimError(f"the run uses plugin {spec!r}, which is not on {where}: {how}")
+        if sha and digest(spec) != sha:
+            raise FedsimError(f"plugin {spec!r} on {where} is not the file the server loaded (SHA-256 differs): {how}")
+        load([spec], f"the run's plugins, on {where}")
 
 
 def _export() -> None:

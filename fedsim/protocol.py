@@ -27,7 +27,7 @@ evaluate messages are the node's *local* user indices.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from fedsim.data import DataOptions, spec_from_json, spec_to_json
 from fedsim.training.example_dp import ExampleDP
@@ -78,10 +78,15 @@ class Task:
     #: the run executes on a Deployment Engine: a node selects its users from its node config
     #: (:func:`fedsim.deploy.nodes.node_selection`), Flower's partition keys included.
     deployed: bool = False
+    #: the run's plugins (:func:`fedsim.plugins.manifest`: each spec and a file's SHA-256), which a
+    #: worker or node loads before it builds the data and the model; left out of the JSON when empty
+    plugins: list[dict[str, str]] = field(default_factory=list)
 
     def to_json(self) -> str:
         d = asdict(self)
         d["data"] = json.loads(spec_to_json(self.data))
+        if not self.plugins:
+            del d["plugins"]  # a run without plugins sends the task it always sent
         return json.dumps(d, sort_keys=True)
 
     @classmethod
@@ -105,4 +110,5 @@ class Task:
             str(d.get("allocator", "tuned")),
             bool(d.get("record_statistics", True)),
             bool(d.get("deployed", False)),
+            [{"spec": str(p["spec"]), "sha256": str(p.get("sha256", ""))} for p in d.get("plugins", [])],
         )

@@ -26,6 +26,10 @@ class ChoiceOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
 
 
+class RegistryFrozen(FedsimError):
+    """A part registered after the config schema was built from the registries."""
+
+
 class Registry(dict[str, T]):
     """Name → registered part, in registration order.
 
@@ -55,7 +59,7 @@ class Registry(dict[str, T]):
         if name in self:
             raise FedsimError(f"{self.kind} {name!r} is registered twice; choose another name")
         if self.frozen:
-            raise FedsimError(
+            raise RegistryFrozen(
                 f"{self.kind} {name!r} is registered after the config schema was built (fedsim.config was "
                 f"imported, e.g. by a loaded config); register parts first: import your module before "
                 f"loading any config"

@@ -633,17 +633,23 @@ class UserLevelDPStrategy(Strategy):
                 self.on_round_end(row, self)
 
 
-def census(grid: Grid, data_spec_json: str, timeout: float = 600.0) -> dict[int, dict[str, Any]]:
+def census(
+    grid: Grid, data_spec_json: str, timeout: float = 600.0, plugins: list[dict[str, str]] | None = None
+) -> dict[int, dict[str, Any]]:
     """Deployment: ask every connected node which users it holds (see
     :mod:`fedsim.deploy.nodes`); returns ``{node_id: {"names", "num_train", "num_test", "dims",
-    "task"}}``. A node that does not answer, or answers with an error, stops the run: the
-    population must be known before any privacy is spent."""
+    "task"}}``. ``plugins``: the run's plugin manifest (:func:`fedsim.plugins.manifest`), which
+    each node loads first. A node that does not answer, or answers with an error, stops the run:
+    the population must be known before any privacy is spent."""
     import json
 
     nodes = sorted(grid.get_node_ids())
+    asked: dict[str, Any] = {"data": data_spec_json}
+    if plugins:
+        asked["plugins"] = json.dumps(plugins)
     msgs = [
         Message(
-            RecordDict({protocol.CONFIG: ConfigRecord({"data": data_spec_json})}),
+            RecordDict({protocol.CONFIG: ConfigRecord(asked)}),
             dst_node_id=n,
             message_type=MessageType.QUERY,
             group_id="census",
@@ -654,10 +660,9 @@ def census(grid: Grid, data_spec_json: str, timeout: float = 600.0) -> dict[int,
     for reply in grid.send_and_receive(msgs, timeout=timeout):
         node = reply.metadata.src_node_id
         if reply.has_error():
-            raise FedsimError(
-                f"census: node {node} failed to load its data ({reply.error.reason}); check its "
-                f"--node-config data-root and user-shard"
-            )
+            reason = str(reply.error.reason)
+            fix = "" if "plugin" in reason else "; check its --node-config data-root and user-shard"
+            raise FedsimError(f"census: node {node} failed to load its data ({reason}){fix}")
         m, c = reply.content.metric_records[protocol.METRICS], reply.content.config_records[protocol.CONFIG]
         names, num_train, num_test = c["names"], records.int_list(m["num_train"]), records.int_list(m["num_test"])
         if not isinstance(names, list) or num_train is None or num_test is None:

@@ -130,3 +130,58 @@ def test_a_plugin_in_a_sweep_trial_and_an_audit(example):
                 "--json", *FAST, "--set", "rounds=2")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout)["num_canaries"] == 20
+
+
+_REQUIRE = r"""
+import json, shutil, sys
+from pathlib import Path
+from fedsim import FedsimError, plugins
+src, tmp = Path(sys.argv[1]), Path(sys.argv[2])
+elsewhere = tmp / "elsewhere.py"
+shutil.copy(src, elsewhere)
+items = plugins.manifest([str(src)])
+out = {"sha": items[0]["sha256"]}
+plugins.load([str(elsewhere)], "the test")  # the same contents at another path
+src.rename(tmp / "gone.py")  # the server's path does not exist here
+plugins.require(items, "this SuperNode")  # satisfied by the copy: no second registration
+out["same_contents"] = "ok"
+for case, manifest in {
+    "missing": [{"spec": str(tmp / "nowhere" / "x.py"), "sha256": "0" * 64}],
+    "changed": [{"spec": str(tmp / "gone.py"), "sha256": "0" * 64}],
+    "module": [{"spec": "no_such_plugin_module", "sha256": ""}],
+}.items():
+    try:
+        plugins.require(manifest, "this SuperNode")
+        out[case] = "loaded"
+    except FedsimError as e:
+        out[case] = str(e)
+import fedsim.config  # the schema is built: a new plugin can no longer register
+other = tmp / "late.py"
+other.write_text((tmp / "gone.py").read_text().replace("_plugin", "_late"))
+try:
+    plugins.load([str(other)], "a config")
+except FedsimError as e:
+    out["late"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_a_node_loads_the_runs_plugins_or_says_how_to_provide_them(example, tmp_path):
+    """:func:`fedsim.plugins.require`, on a node: the same file contents at another path are the
+    same plugin; a missing file, a different file, an unimportable module and a plugin loaded after
+    the schema was built are one-line errors that say how to provide it."""
+    folder, _ = example
+    env = {k: v for k, v in os.environ.items() if k != "FEDSIM_PLUGINS"}
+    run = subprocess.run(
+        [sys.executable, "-c", _REQUIRE, str(folder / "my_parts.py"), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(out["sha"]) == 64 and out["same_contents"] == "ok"
+    assert "is not on this SuperNode" in out["missing"] and "FEDSIM_PLUGINS" in out["missing"]
+    assert "SHA-256 differs" in out["changed"]
+    assert "'no_such_plugin_module'" in out["module"] and "failed to import" in out["module"]
+    assert "was not loaded when this process started" in out["late"] and "FEDSIM_PLUGINS" in out["late"]
+    for message in (out["missing"], out["changed"], out["module"], out["late"]):
+        assert len(message.splitlines()) == 1

@@ -115,6 +115,7 @@ def run_deployment(grid: Any, run_config: dict[str, Any], app_dir: Path | None =
     """The deployed ServerApp's main: wait for the nodes, take the census, run the experiment."""
     from fedsim.data import spec_to_json
     from fedsim.deploy.nodes import merge_census
+    from fedsim.plugins import manifest
     from fedsim.runner import run_experiment
     from fedsim.strategies.user_dp import census
 
@@ -127,6 +128,6 @@ def run_deployment(grid: Any, run_config: dict[str, Any], app_dir: Path | None =
                 f"connected within {timeout:.0f} s"
             )
         time.sleep(0.2)
-    data, owners = merge_census(census(grid, spec_to_json(cfg.data), timeout))
+    data, owners = merge_census(census(grid, spec_to_json(cfg.data), timeout, manifest(cfg.plugins)))
     deployment = Deployment(grid, data, owners, min_nodes, PrivacyKey.generate())
     return run_experiment(cfg, out_dir, progress=True, deployment=deployment, resume=resume)

@@ -26,6 +26,7 @@ from fedsim.data import load_federated
 from fedsim.data.base import Population
 from fedsim.errors import FedsimError
 from fedsim.models import make_model, num_parameters
+from fedsim.plugins import manifest as plugin_manifest
 from fedsim.privacy.accounting import (
     AccountingSpec,
     calibrate_noise_multiplier,
@@ -647,6 +648,7 @@ def _build_task(cfg: Config, prep: Prepared, server: DPServer, example_dp: Any, 
         allocator=cfg.sim.allocator,
         record_statistics=cfg.sends_silo_statistics,
         deployed=deployed,
+        plugins=plugin_manifest(cfg.plugins),
     )
 
 

@@ -139,25 +139,35 @@ class Federation:
             *extra,
         ]
 
-    def node_args(self, i: int, data_root: Path, max_retries: int | None = 10) -> list[str]:
-        """The flags of registered node ``i``: the CA, its key, its data, TLS on its Runtime API."""
+    def node_args(self, i: int, data_root: Path, max_retries: int | None = 10, node_config: str = "") -> list[str]:
+        """The flags of registered node ``i``: the CA, its key, its data (and ``node_config``'s
+        further ``key="value"`` pairs), TLS on its Runtime API."""
         c = self.certs
         return [
             *("--root-certificates", str(c / "ca.pem"), "--auth-supernode-private-key", str(c / f"node-{i}")),
-            *("--node-config", f'data-root="{data_root}"'),
+            *("--node-config", f'data-root="{data_root}" {node_config}'.strip()),
             *("--ssl-certfile", str(c / f"node-{i}-tls.pem"), "--ssl-keyfile", str(c / f"node-{i}-tls.key")),
             *("--ssl-ca-certfile", str(c / "ca.pem")),
             *(("--max-retries", str(max_retries)) if max_retries is not None else ()),
         ]
 
-    def start_node(self, i: int, data_root: Path, max_retries: int | None = 10, isolation: str = "subprocess") -> None:
-        """Start registered node ``i`` as ``node-i``. ``isolation = "process"``: the SuperNode runs
-        no SuperExec of its own; a ``flower-superexec`` (``superexec-i``) connects to its Runtime API
+    def start_node(
+        self,
+        i: int,
+        data_root: Path,
+        max_retries: int | None = 10,
+        isolation: str = "subprocess",
+        node_config: str = "",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Start registered node ``i`` as ``node-i`` (``node_config``: further node config pairs;
+        ``env``: changes to its environment). ``isolation = "process"``: the SuperNode runs no
+        SuperExec of its own; a ``flower-superexec`` (``superexec-i``) connects to its Runtime API
         over TLS and starts the ClientApp processes."""
         port = free_port()
         self.ports.append(port)
-        extra = self.node_args(i, data_root, max_retries) + ["--isolation", isolation]
-        self.procs.start(f"node-{i}", self.supernode_cmd(extra, port), self.tmp / f"node-{i}")
+        extra = self.node_args(i, data_root, max_retries, node_config) + ["--isolation", isolation]
+        self.procs.start(f"node-{i}", self.supernode_cmd(extra, port), self.tmp / f"node-{i}", env)
         if isolation == "process":
             cmd = [
                 str(BIN / "flower-superexec"),

@@ -35,10 +35,14 @@ class Processes:
     def __init__(self, env: dict[str, str], logs: Path) -> None:
         self.env, self.logs, self.procs = env, logs, {}
 
-    def start(self, name: str, cmd: list[str], cwd: Path) -> subprocess.Popen:
+    def start(self, name: str, cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start ``cmd`` as ``name`` in ``cwd``, in a session of its own, with the shared
+        environment updated by ``env``; its output goes to ``logs/<name>.log``."""
         cwd.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{name}.log", "w")
-        p = subprocess.Popen(cmd, cwd=cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(
+            cmd, cwd=cwd, env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.procs[name] = (p, log)
         return p
 
