@@ -10,6 +10,14 @@ limit and a cheaper choice.
 Measured on the 2-core development CPU (numpy, one thread): one float64 ``eigh`` at ``n = 2048``
 takes about 3.5 s and the iteration needs about 280 steps, so ``n = 2048`` takes about 16 minutes;
 the cost grows as ``n³`` per step.
+
+Under ``epochs`` with ``k ≥ 2`` participations ``dense`` and ``dpmf_plus`` solve the multi-epoch dual
+instead (:mod:`fedsim.privacy.mechanisms.multi_epoch`): each L-BFGS evaluation is one ``eigh`` and
+four ``n×n`` products, measured at 2–3.5 ``eigh``-times (n = 512–1024), and the solve took 18–106
+evaluations for the prefix workload (n = 64–1024, k = 2–16) and 89–970 for the momentum workload
+(n = 64–512; the most at k = 16). The estimate takes 3.5 ``eigh``-times per evaluation and 150
+evaluations (prefix) or 1000 (momentum). Under ``min_sep`` they run the banded optimiser, which
+needs no eigendecomposition (the single-participation estimate is an upper bound).
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ MATRIX_COPIES = 8
 #: Seconds of one float64 ``eigh`` at n = 2048 on the reference CPU, and the iterations needed.
 EIGH_SECONDS_2048 = 3.5
 DENSE_ITERATIONS = 300
+#: The multi-epoch (``epochs``) solve: ``eigh``-times per evaluation, evaluations per workload.
+EIGHS_PER_EVALUATION = 3.5
+MULTI_EPOCH_EVALUATIONS = {"prefix": 150, "momentum": 1000}
 #: Longest CPU factorization fedsim starts without a GPU (seconds).
 MAX_CPU_SECONDS = 2 * 3600.0
 
@@ -42,14 +53,22 @@ def factorization_memory_bytes(n: int) -> int:
     return MATRIX_COPIES * 8 * int(n) * int(n)
 
 
-def dense_cpu_seconds(n: int) -> float:
-    """Estimated CPU seconds of the ``dense``/``dpmf_plus`` fixed-point iteration."""
-    return DENSE_ITERATIONS * EIGH_SECONDS_2048 * (int(n) / 2048.0) ** 3
+def dense_cpu_seconds(n: int, multi_epoch_workload: str | None = None) -> float:
+    """Estimated CPU seconds of the ``dense``/``dpmf_plus`` optimiser: the single-participation
+    fixed point, or with ``multi_epoch_workload`` (``prefix``/``momentum``) the ``epochs`` solve."""
+    steps = float(DENSE_ITERATIONS)
+    if multi_epoch_workload is not None:
+        steps = EIGHS_PER_EVALUATION * MULTI_EPOCH_EVALUATIONS.get(multi_epoch_workload, 1000)
+    return steps * EIGH_SECONDS_2048 * (int(n) / 2048.0) ** 3
 
 
-def check_factorization_fits(mechanism: str, rounds: int, device: str | None = None) -> None:
+def check_factorization_fits(
+    mechanism: str, rounds: int, device: str | None = None, multi_epoch_workload: str | None = None
+) -> None:
     """Raise :class:`FedsimError` if factorizing ``rounds`` rounds with ``mechanism`` cannot fit
-    this machine (memory) or would exceed :data:`MAX_CPU_SECONDS` on the CPU."""
+    this machine (memory) or would exceed :data:`MAX_CPU_SECONDS` on the CPU.
+    ``multi_epoch_workload``: the workload's name when ``dense``/``dpmf_plus`` will run the
+    ``epochs`` multi-epoch solve (default None: the single-participation fixed point)."""
     need, have = factorization_memory_bytes(rounds), available_memory_bytes()
     if need > have:
         cheaper = (
@@ -61,7 +80,7 @@ def check_factorization_fits(mechanism: str, rounds: int, device: str | None = N
             f"{'' if cheaper else '; '}lower rounds (n), or split the run"
         )
     if mechanism in ("dense", "dpmf_plus") and (device is None or device == "cpu"):
-        secs = dense_cpu_seconds(rounds)
+        secs = dense_cpu_seconds(rounds, multi_epoch_workload)
         if secs > MAX_CPU_SECONDS:
             raise FedsimError(
                 f"the {mechanism} optimiser at n = {rounds:,} would take about {secs / 3600:,.1f} h on this CPU "

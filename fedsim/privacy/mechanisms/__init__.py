@@ -40,6 +40,7 @@ from fedsim.privacy.mechanisms.base import (
     Strategy,
     amplified_sensitivity,
 )
+from fedsim.privacy.mechanisms.dense import DenseFamilyOptions
 from fedsim.privacy.mechanisms.registry import (
     MECHANISMS,
     get_mechanism,
@@ -105,7 +106,9 @@ def plan_mf(
     assert isinstance(opts, MFOptions)
     from fedsim.resources import check_factorization_fits
 
-    check_factorization_fits(opts.mechanism, rounds, getattr(opts, "factorize_device", None))  # before any n×n
+    participation = opts.participation(scheme, rounds) if isinstance(opts, DenseFamilyOptions) else None
+    multi_epoch = opts.workload if participation is not None and participation[0] == "epochs" else None
+    check_factorization_fits(opts.mechanism, rounds, getattr(opts, "factorize_device", None), multi_epoch)
     mech.check(opts, scheme, rounds)
     A = workload_matrix(opts.workload, rounds, momentum)
     strategy = mech.strategy(opts, A, scheme)

@@ -1,6 +1,13 @@
-"""``dense``: the optimal factorization for ``‖B‖_F`` under single participation (Denisov et
-al. 2022, "Improved differential privacy for SGD via optimal private linear operators on
-adaptive streams"), by the fixed-point iteration of docs/algorithms.md §3.
+"""``dense``: the optimal factorization for ``‖B‖_F`` under the run's participation scheme.
+
+Single participation (and any scheme in which a user takes part at most once in the run): Denisov
+et al. 2022, "Improved differential privacy for SGD via optimal private linear operators on adaptive
+streams", by the fixed-point iteration of docs/algorithms.md §3 (this module). ``epochs`` and
+``min_sep`` with ``k ≥ 2`` participations: the multi-epoch optimum of
+:mod:`fedsim.privacy.mechanisms.multi_epoch`, unless ``privacy.optimize_for = "single"`` keeps the
+single-participation solve. Under ``min_sep`` the multi-participation optimum is
+the optimal ``b``-banded ``C``. The sensitivity of the returned ``C`` is computed afterwards for the
+scheme either way (:meth:`~fedsim.privacy.mechanisms.base.Strategy.sensitivity`).
 
 Decisions where the specification is silent: the iteration starts at ``v = 1``, stops when
 the largest relative change of ``v`` is below ``tol``, and then rescales ``X`` to an exact unit
@@ -70,10 +77,9 @@ def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int) -> tuple[Any,
     return v, root_e, X, iterations, change, converged
 
 
-def _dense_iterate_torch(
-    W: np.ndarray, tol: float, max_iter: int, device: str
-) -> tuple[Any, Any, Any, int, float, bool]:
-    """The same fixed point in torch float64 on ``device`` (the GPU path); same returns."""
+def torch_device(device: str) -> Any:
+    """The ``torch.device`` of ``privacy.factorize_device``; a clear error for a name torch does not
+    know or for ``cuda`` without a GPU."""
     import torch
 
     try:
@@ -85,6 +91,16 @@ def _dense_iterate_torch(
             f"factorization device {device!r} asked for, but torch sees no CUDA GPU; "
             "leave the device unset (numpy on the CPU) or run on a GPU machine"
         )
+    return dev
+
+
+def _dense_iterate_torch(
+    W: np.ndarray, tol: float, max_iter: int, device: str
+) -> tuple[Any, Any, Any, int, float, bool]:
+    """The same fixed point in torch float64 on ``device`` (the GPU path); same returns."""
+    import torch
+
+    dev = torch_device(device)
     Wt = torch.as_tensor(W, dtype=torch.float64, device=dev)
 
     def sqrt_psd(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,30 +229,57 @@ def factorize_dense(
     return cached("dense", compute, A=A, n=A.shape[0], tol=float(tol), max_iter=max_iter)
 
 
-class DenseOptions(MFOptions):
-    """``privacy.mechanism = "dense"``.
+class DenseFamilyOptions(MFOptions):
+    """Options shared by ``dense`` and ``dpmf_plus``.
 
     Parameters
     ----------
     factorize_device : torch device that runs the optimiser (``"cuda"``: the GPU path for long
-        runs, e.g. ``n = 2048``); default unset = numpy on the CPU. The result is cached on disk
-        either way.
+        runs, e.g. ``n = 2048``); default unset = numpy on the CPU (the multi-participation solve:
+        torch on the CPU). The result is cached on disk either way.
+    optimize_for : the participation the strategy is optimised for. ``scheme`` (default): the run's
+        scheme — under ``epochs`` with ``k ≥ 2`` participations the multi-epoch optimum, under
+        ``min_sep`` with ``k ≥ 2`` the optimal ``b``-banded ``C`` (docs/algorithms.md §3,
+        :mod:`fedsim.privacy.mechanisms.multi_epoch`), otherwise (single participation, amplified
+        MF) the single-participation optimum. ``single``:
+        always the single-participation optimum (fedsim before issue 38). Either way the
+        sensitivity is computed exactly for the scheme afterwards, so only the error changes.
     """
 
-    mechanism: Literal["dense"] = "dense"
     factorize_device: str | None = Field(
         default=None,
         description="torch device of the optimiser (cuda = the GPU path); default numpy on the CPU",
         json_schema_extra={"cli_aliases": ["--device"]},
     )
+    optimize_for: Literal["scheme", "single"] = Field(
+        default="scheme",
+        description="scheme (multi-epoch optimum under epochs, optimal banded C under min_sep) or single",
+    )
+
+    def participation(self, scheme: ParticipationScheme, n: int) -> tuple[str, int, int] | None:
+        """``(scheme, k, b)`` to optimise for, or None for the single-participation solve."""
+        from fedsim.privacy.mechanisms.multi_epoch import multi_participation
+
+        return multi_participation(scheme, n) if self.optimize_for == "scheme" else None
+
+
+class DenseOptions(DenseFamilyOptions):
+    """``privacy.mechanism = "dense"`` (its keys: :class:`DenseFamilyOptions`)."""
+
+    mechanism: Literal["dense"] = "dense"
 
 
 @register
 class Dense(Mechanism):
     name = "dense"
     options = DenseOptions
-    summary = "optimal C for ‖B‖_F under single participation (fixed-point iteration, O(n³), cached)"
+    summary = "optimal C for ‖B‖_F under the scheme (single: fixed point; epochs: multi-epoch dual; min_sep: banded)"
 
     def strategy(self, opts: MechanismOptions, A: np.ndarray, scheme: ParticipationScheme) -> Strategy:
         assert isinstance(opts, DenseOptions)
-        return DenseStrategy.of(factorize_dense(A, device=opts.factorize_device))
+        participation = opts.participation(scheme, A.shape[0])
+        if participation is None:
+            return DenseStrategy.of(factorize_dense(A, device=opts.factorize_device))
+        from fedsim.privacy.mechanisms.multi_epoch import factorize_for_participation
+
+        return DenseStrategy.of(factorize_for_participation(A, participation, device=opts.factorize_device))
