@@ -135,6 +135,13 @@ def require(items: Iterable[dict[str, str]], where: str) -> None:
         load([spec], f"the run's plugins, on {where}")
 
 
+def ray_env_vars() -> dict[str, str]:
+    """The environment a Ray job's workers need for this process's plugins (``FEDSIM_PLUGINS``
+    when set): a cluster joined by address starts its workers from its own environment, not
+    from this process's."""
+    return {ENV: os.environ[ENV]} if os.environ.get(ENV) else {}
+
+
 def _export() -> None:
     if LOADED:
         os.environ[ENV] = os.pathsep.join(LOADED)

@@ -38,7 +38,7 @@ class _DropDeprecationBanner(logging.Filter):
 
 def _start_ray(init_args: dict[str, Any]) -> None:
     """Start (or join) Ray in the main thread, as Flower's Ray backend would: the workers get
-    this process's import path. Flower's backend then finds Ray running and uses it."""
+    this process's import path and plugins. Flower's backend then finds Ray running and uses it."""
     import ray
 
     if ray.is_initialized():
@@ -47,7 +47,9 @@ def _start_ray(init_args: dict[str, Any]) -> None:
     if os.environ.get("PYTHONPATH"):
         pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
     os.environ["PYTHONPATH"] = pythonpath
-    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+    from fedsim.plugins import ray_env_vars
+
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **ray_env_vars()}}, **init_args)
 
 
 def _stop_ray() -> None:

@@ -1070,8 +1070,12 @@ def _fit(
     os.environ.setdefault("RAY_worker_niceness", "0")
     import ray
 
+    from fedsim.plugins import ray_env_vars
+
+    env = ray_env_vars()  # a cluster's workers import the plugins too
     ray.init(
         address=address,
+        runtime_env={"env_vars": env} if env else None,
         include_dashboard=False,
         log_to_driver=False,
         ignore_reinit_error=True,

@@ -79,3 +79,39 @@ def test_a_sweep_runs_on_a_two_node_ray_cluster(tmp_path):
     assert {t["trial"]: t["model_sha256"] for t in remote["trials"]} == {
         t["trial"]: t["model_sha256"] for t in local["trials"]
     }
+
+
+@pytest.mark.slow
+def test_a_plugin_sweep_runs_on_a_ray_cluster_started_without_it(tmp_path):
+    """``fedsim sweep --address`` with a config that names a plugin: the cluster's raylets were
+    started without ``FEDSIM_PLUGINS``, so the trials import the plugin only because the sweep
+    passes it to the Ray job (without that, every trial failed on the unknown model)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ray.cluster_utils import Cluster
+
+    folder = tmp_path / "mine"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "examples" / "plugin", folder)
+    (folder / "sweep.toml").write_text(
+        '[sweep]\nname = "plugin_cluster"\nconfig = "experiment.toml"\nmetric = "epsilon"\n'
+        'seeds = [0, 1]\nset = ["rounds=2", "sim.engine=\'inprocess\'", "sim.num_workers=1"]\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "FEDSIM_PLUGINS"}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        r = subprocess.run(
+            [sys.executable, "-m", "fedsim.cli", "sweep", str(folder / "sweep.toml"), "--out", str(tmp_path / "sw"),
+             "--address", cluster.address],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+    finally:
+        cluster.shutdown()
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert len(result["trials"]) == 2 and result["missing"] == []
