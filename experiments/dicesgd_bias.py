@@ -8,28 +8,40 @@ Full participation, no noise, gradient step ``η``.
 
 Part B — a federated version with heterogeneous users and DP noise, run through fedsim's
 own server pieces (:class:`fedsim.server.step.DPServer` with its fixed denominator, the Poisson
-sampler, Gaussian noise, the ledger, :mod:`fedsim.training.error_feedback`); only the Flower transport
-is left out. ``N`` users with 1-D Huber objectives (threshold ``C'``) centred at ``ξ_i``: 90 %
+sampler, Gaussian noise, the ledger, :mod:`fedsim.training.error_feedback`'s server state); only the
+Flower transport is left out. The users' client error-feedback rule runs vectorised over the cohort
+(:func:`ef_messages`), checked at start against fedsim's ``client_ef_update`` on random cases. ``N`` users with 1-D Huber objectives (threshold ``C'``) centred at ``ξ_i``: 90 %
 at −1, 10 % at +9 (a minority far away). Each participating user takes one local step
 ``Δ_i = −η ∇f(x, ξ_i)``. Clipped DP-FedAvg converges near ``x̃``, the root of
 ``Σ_i clip(−η∇f(x, ξ_i), c) = 0``; the true minimiser ``x*`` is the root of
 ``Σ_i ∇f(x, ξ_i) = 0``. Both roots are computed independently by bisection. Reported: the
 mean of ``x`` over the last quarter of the rounds, mean ± std over seeds, per variant.
 
-Run: ``python experiments/dicesgd_bias.py [--seeds 5] [--rounds 4000]``; results in
-``experiments/README.md``.
+Part C — client error feedback against its control, plain clipping at ``c₁ + c₂`` (the same bound
+on a message, so the same noise and ε; the same seeds, so the same cohorts and noise draws: the
+differences are paired), for ``c₂ = c₁`` and ``c₂ = 10·c₁``, with the kept-state options
+``client.ef_state_bound`` (``B = c₂``) and ``client.ef_decay`` (``β = 0.9``, ``0.5``); with
+deterministic deltas and with zero-mean Gaussian local noise on every delta (``--local-noise``).
+Reported per variant: ``x`` over the last quarter, its RMS distance to ``x*``, the largest
+``|e_i|`` at the end, and the paired differences to the control with 95 % t-intervals.
+
+Run: ``python experiments/dicesgd_bias.py [--seeds 5] [--rounds 2000] [--fix-seeds 10]
+[--local-noise 0,1] [--only-c]``; results in ``experiments/README.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
+from typing import cast
 
 import numpy as np
 import torch
 
 from fedsim.privacy.accounting import AccountingSpec, epsilon
+from fedsim.privacy.ledger import Ledger
 from fedsim.privacy.noise import gaussian_noise
 from fedsim.privacy.participation import make_scheme
 from fedsim.server.optim import make_optimizer
@@ -86,6 +98,45 @@ class _RoundCounter:
         return float("nan")
 
 
+def ef_messages(
+    delta: np.ndarray, e: np.ndarray, c1: float, c2: float, bound: float | None, decay: float | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fedsim.training.error_feedback.client_ef_update` for many one-dimensional users at once
+    (float64): ``u = clip(Δ, c₁) + clip(e, c₂)``, kept ``clip(β·(e + Δ − u), B)``. Checked against
+    fedsim's function by :func:`check_ef_messages` before any run."""
+    u = np.clip(delta, -c1, c1) + np.clip(e, -c2, c2)
+    kept = e + delta - u
+    if decay is not None:
+        kept = kept * decay
+    if bound is not None:
+        kept = np.clip(kept, -bound, bound)
+    return u, kept
+
+
+def check_ef_messages(trials: int = 500) -> None:
+    """:func:`ef_messages` equals fedsim's ``client_ef_update`` (float64 tensors) on random cases."""
+    rng = np.random.default_rng(7)
+    for _ in range(trials):
+        d, e = rng.normal(scale=3.0, size=2)
+        c1 = float(rng.uniform(0.1, 2.0))
+        c2 = c1 * float(rng.choice([1.0, 3.0, 10.0]))
+        bound = None if rng.random() < 0.3 else float(rng.uniform(0.1, 5.0))
+        decay = None if rng.random() < 0.3 else float(rng.uniform(0.1, 1.0))
+        u, kept = ef_messages(np.array([d]), np.array([e]), c1, c2, bound, decay)
+        ut, kt, _ = client_ef_update(
+            torch.tensor([d], dtype=torch.float64), torch.tensor([e], dtype=torch.float64), c1, c2, bound, decay
+        )
+        assert abs(float(ut[0]) - u[0]) < 1e-9 and abs(float(kt[0]) - kept[0]) < 1e-9, (d, e, c1, c2, bound, decay)
+
+
+@functools.cache
+def run_epsilon(no_guarantee: bool, n_users: int, k_bar: int, z: float, rounds: int) -> float:
+    """ε at δ = 1/N^1.1 of Part B's runs (the same for every variant with a guarantee: computed once)."""
+    # server error feedback has no guarantee (ε = ∞, docs/algorithms.md §8): its spec says so
+    spec = AccountingSpec("gaussian", "poisson", n_users, k_bar, z, 1.0 / n_users**1.1, no_guarantee=no_guarantee)
+    return epsilon(spec, rounds)
+
+
 def part_b(
     mode: str,
     seed: int,
@@ -98,11 +149,18 @@ def part_b(
     cp: float = 5.0,
     server_lr: float = 0.3,
     c2_factor: float = 1.0,
-) -> tuple[float, float, list[float]]:
+    bound: float | None = None,
+    decay: float | None = None,
+    local_noise: float = 0.0,
+) -> dict:
+    """One run. ``mode``: ``none`` (clip at ``c``), ``client`` (``c₁ = c``, ``c₂ = c2_factor·c``,
+    with the kept-state options ``bound``, ``decay``) or ``server``. ``local_noise``: std of a
+    zero-mean Gaussian added to every delta (a user's stochastic local training), drawn from the
+    seed so that every variant of one seed sees the same draws. Returns the mean and the RMS of
+    ``x − x*`` over the last quarter, ε, the trajectory and the largest ``|e_i|`` at the end."""
     rng = np.random.default_rng(1234)  # the population is the same for every seed
     xi = np.where(rng.random(n_users) < 0.1, 9.0, -1.0)
-    # server error feedback has no guarantee (ε = ∞, docs/algorithms.md §8): its spec says so
-    spec = AccountingSpec("gaussian", "poisson", n_users, k_bar, z, 1.0 / n_users**1.1, no_guarantee=mode == "server")
+    local = np.random.default_rng(seed + 20_000)
     sampler = make_sampler(make_scheme("poisson", n_users, k_bar), seed)
     c1, c2 = c, c * c2_factor
     noise_norm = {"none": c1, "client": c1 + c2, "server": server_noise_norm(c1, c2)}[mode]
@@ -111,36 +169,42 @@ def part_b(
         torch.tensor([3.0]),
         gaussian_noise(1, seed + 10_000),
         make_optimizer("sgd", server_lr),
-        _RoundCounter(),
+        cast(Ledger, _RoundCounter()),
         noise_norm,
         z,
         k_bar,
         error_feedback=server_ef,
     )
     states = np.zeros(n_users)
-    late, trajectory = [], []
+    trajectory = []
     for t in range(rounds):
         x = float(server.params[0])
         users = np.array(sampler.sample(t), dtype=int)
         delta = -eta * huber_grad(x, xi[users], cp)
+        if local_noise:
+            delta = delta + local_noise * local.standard_normal(len(users))
         clipped = np.clip(delta, -c1, c1)
         residual = None
         if mode == "client":
-            u = np.empty_like(delta)
-            for j, i in enumerate(users):
-                ut, en, _ = client_ef_update(torch.tensor([delta[j]]), torch.tensor([states[i]]), c1, c2)
-                u[j], states[i] = float(ut[0]), float(en[0])
+            u, states[users] = ef_messages(delta, states[users], c1, c2, bound, decay)
         else:
             u = clipped
             if mode == "server":
                 residual = torch.tensor([float((delta - clipped).sum())])
         server.step(torch.tensor([float(u.sum())]), len(users), residual_sum=residual)
         trajectory.append(float(server.params[0]))
-        if t >= rounds * 3 // 4:
-            late.append(float(server.params[0]))
-    return float(np.mean(late)), epsilon(spec, rounds), trajectory
+    late = np.array(trajectory[rounds * 3 // 4 :])
+    x_star = fixed_points()[0]
+    return {
+        "mean": float(late.mean()),
+        "rms": float(np.sqrt(np.mean((late - x_star) ** 2))),
+        "eps": run_epsilon(mode == "server", n_users, k_bar, z, rounds),
+        "trajectory": trajectory,
+        "max_state": float(np.abs(states).max()),
+    }
 
 
+@functools.cache
 def fixed_points(n_users: int = 1000, c: float = 0.5, eta: float = 1.0, cp: float = 5.0) -> tuple[float, float]:
     rng = np.random.default_rng(1234)
     xi = np.where(rng.random(n_users) < 0.1, 9.0, -1.0)
@@ -149,12 +213,77 @@ def fixed_points(n_users: int = 1000, c: float = 0.5, eta: float = 1.0, cp: floa
     return x_star, x_tilde
 
 
+#: Part C's client error-feedback variants: name -> kept-state options (``B`` as a multiple of ``c₂``).
+FIXES: dict[str, dict[str, float]] = {
+    "client EF (state kept whole)": {},
+    "bound B = c₂": {"bound": 1.0},
+    "decay β = 0.9": {"decay": 0.9},
+    "decay β = 0.5": {"decay": 0.5},
+}
+
+
+def paired(diffs: list[float]) -> str:
+    """Mean of paired differences with its two-sided 95 % t-interval."""
+    from scipy.stats import t as student
+
+    n = len(diffs)
+    m = statistics.mean(diffs)
+    if n < 2:
+        return f"{m:+.4f}"
+    half = student.ppf(0.975, n - 1) * statistics.stdev(diffs) / math.sqrt(n)
+    return f"{m:+.4f} [{m - half:+.4f}, {m + half:+.4f}]"
+
+
+def part_c(seeds: int, rounds: int, local_noise: float, c1: float = 0.5) -> None:
+    """Client error feedback and its kept-state fixes against plain clipping at ``c₁ + c₂``, at equal
+    noise and ε (the same ``c₁ + c₂``, the same seeds: the same cohorts and noise draws)."""
+    print(
+        f"\nPart C: paired against plain clipping at c₁ + c₂ (same noise, same ε), local noise std "
+        f"{local_noise:g}, {seeds} seeds, {rounds} rounds; RMS = √mean((x − x*)²) over the last quarter"
+    )
+    print(
+        "| c₂ | variant | x (last quarter) | RMS | max abs(e_i) at the end | RMS − plain's [95 % CI] | x − plain's [95 % CI] |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for f2 in (1.0, 10.0):
+        c2 = c1 * f2
+        plain = [part_b("none", s, rounds, c=c1 + c2, local_noise=local_noise) for s in range(seeds)]
+        rows = [(f"plain clipping at c₁ + c₂ = {c1 + c2:g}", plain)]
+        for name, opts in FIXES.items():
+            bound = opts["bound"] * c2 if "bound" in opts else None
+            decay = opts.get("decay")
+            runs = [
+                part_b("client", s, rounds, c=c1, c2_factor=f2, bound=bound, decay=decay, local_noise=local_noise)
+                for s in range(seeds)
+            ]
+            rows.append((name, runs))
+        for name, runs in rows:
+            means = [r["mean"] for r in runs]
+            rms = statistics.mean(r["rms"] for r in runs)
+            state = "—" if runs is plain else f"{max(r['max_state'] for r in runs):.3g}"
+            d_rms = "—" if runs is plain else paired([r["rms"] - p["rms"] for r, p in zip(runs, plain)])
+            d_x = "—" if runs is plain else paired([r["mean"] - p["mean"] for r, p in zip(runs, plain)])
+            sd = statistics.stdev(means) if len(means) > 1 else 0.0
+            print(
+                f"| {f2:g}·c₁ | {name} | {statistics.mean(means):.4f} ± {sd:.4f} | {rms:.4f} | {state} | {d_rms} | {d_x} |"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--plot", type=str, default=None, help="write Part B's x against round (seed 0) to this PNG")
+    ap.add_argument("--fix-seeds", type=int, default=10, help="seeds of Part C (0 skips it)")
+    ap.add_argument("--local-noise", default="0,1", help="comma-separated local-noise stds of Part C (one table each)")
+    ap.add_argument("--only-c", action="store_true", help="run only Part C")
     args = ap.parse_args()
+    check_ef_messages()
+    if args.fix_seeds:
+        for ln in args.local_noise.split(","):
+            part_c(args.fix_seeds, args.rounds, float(ln))
+    if args.only_c:
+        return
     print("Part A: Huber example (Appendix B.1), full participation, no noise, η = 0.5, 4000 steps")
     print("| C | C' | x* | x̃ = C/C'−1 | clipped GD | client EF | server EF |")
     print("|---|---|---|---|---|---|---|")
@@ -176,10 +305,11 @@ def main() -> None:
     for mode, f2 in (("none", 1.0), ("client", 1.0), ("client", 10.0), ("server", 1.0)):
         vals, eps = [], None
         for s in range(args.seeds):
-            v, eps, traj = part_b(mode, s, args.rounds, c2_factor=f2)
-            vals.append(v)
+            r = part_b(mode, s, args.rounds, c2_factor=f2)
+            vals.append(r["mean"])
+            eps = r["eps"]
             if s == 0:
-                curves[mode if mode != "client" else f"client, c₂ = {f2:g}·c₁"] = traj
+                curves[mode if mode != "client" else f"client, c₂ = {f2:g}·c₁"] = r["trajectory"]
         m, sd = statistics.mean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0
         name = {
             "none": "clipped DP-FedAvg (c = 0.5)",

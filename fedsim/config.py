@@ -131,6 +131,11 @@ class ClientConfig(_Section):
         simulation only).
     ef_clip_norm : ``c₂``, clip norm of the fed-back error; default ``clip_norm`` (``c₁``);
         must be ``≥ c₁`` (the bias-free fixed point needs it).
+    ef_state_bound : ``client`` error feedback only: ``B``, each user keeps ``clip(e_new, B)``
+        instead of its whole new error (opt-in; default unset: no bound). A message is still
+        ``clip(Δ, c₁) + clip(e, c₂)``, so the noise and ε are unchanged.
+    ef_decay : ``client`` error feedback only: ``β`` in ``(0, 1]``, each user keeps ``β·e_new``
+        (with ``ef_state_bound``: ``clip(β·e_new, B)``); opt-in, default unset (``β = 1``).
     error_feedback_memory_mb : ``client`` error feedback keeps one vector per user; runs whose
         worst case (``N·d`` float32) exceeds this many MiB are refused. Default 2048.
     local_update : a registered local update (:mod:`fedsim.training.local_updates`, from a plugin) that
@@ -145,6 +150,8 @@ class ClientConfig(_Section):
     max_examples: int = Field(default=64, ge=1)
     error_feedback: Literal["none", "client", "server"] = "none"
     ef_clip_norm: float | None = Field(default=None, gt=0)
+    ef_state_bound: float | None = Field(default=None, gt=0)
+    ef_decay: float | None = Field(default=None, gt=0, le=1)
     error_feedback_memory_mb: float = Field(default=2048.0, gt=0)
     local_update: str | None = None
 
@@ -164,6 +171,17 @@ class ClientConfig(_Section):
                 f"client.ef_clip_norm = {self.ef_clip_norm} is below client.clip_norm = {self.clip_norm}; "
                 "error feedback needs c₂ ≥ c₁ for its bias-free fixed point (omit it for c₂ = c₁)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _state_options_need_client_ef(self) -> ClientConfig:
+        if self.error_feedback != "client":
+            given = [k for k in ("ef_state_bound", "ef_decay") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(
+                    f"client.{given[0]} applies to the users' error states of client.error_feedback = 'client', "
+                    f"not to error_feedback = '{self.error_feedback}'; set error_feedback = 'client' or drop it"
+                )
         return self
 
     @property

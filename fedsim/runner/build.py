@@ -757,7 +757,13 @@ def build_run(
     if ef == "client":
         from fedsim.training.error_feedback import ClientStateStore
 
-        client_store = ClientStateStore(prep.num_params, data.population, cfg.client.error_feedback_memory_mb)
+        client_store = ClientStateStore(
+            prep.num_params,
+            data.population,
+            cfg.client.error_feedback_memory_mb,
+            bound=cfg.client.ef_state_bound,
+            decay=cfg.client.ef_decay,
+        )
     pop = data.population
     if synthetic is not None:
         synthetic.bind(first_id=pop, dim=prep.num_params)

@@ -8,6 +8,20 @@ In simulation the users' ``e_i`` live in a :class:`ClientStateStore` held by the
 trains the user and come back with the reply; the store is checkpointed. Its worst case
 ``N·d`` floats must fit ``client.error_feedback_memory_mb``, checked before the run.
 
+Two opt-in changes of what a user keeps (both unset by default, which is the recursion above):
+``client.ef_state_bound`` ``B`` keeps ``e_i ← clip(e_new, B)`` and ``client.ef_decay`` ``β``
+keeps ``e_i ← β·e_new`` (together ``clip(β·e_new, B)``; :func:`kept_state`). Their privacy
+argument: every message is still ``clip(Δ_i, c₁) + clip(e_i, c₂)``, of norm ``≤ c₁ + c₂``
+whatever ``e_i`` holds, so the sensitivity and the accounting are those of ``c = c₁ + c₂``; the
+state is a function of the user's own deltas and of the broadcast models only, and it reaches
+anyone else only through those clipped messages. In simulation the store that keeps it is the
+users' memory: the DP server never reads it, it is in no metric or log, only in the checkpoint
+(which also holds the noise key; client error feedback is refused in deployment), and a resumed
+run restores it as kept, so the bound or the decay is applied once per participation. Without a
+bound, a user whose deltas stay above ``c₁ + c₂`` adds ``‖Δ_i‖ − c₁ − c₂`` (or more) to ``e_i`` at
+every participation, so ``clip(e_i, c₂) = c₂`` in the direction of ``e_i`` from its second
+participation on; the bound and the decay stop that growth (experiments/README.md, "DiceSGD").
+
 ``server`` (paper-faithful Algorithm 2, **no privacy guarantee**): clients send ``clip(Δ_i, c₁)``
 and their residual ``Δ_i − clip(Δ_i, c₁)``; the server keeps ``e`` and releases
 ``v_t = (1/K̄)·Σ clip(Δ_i, c₁) + clip(e_t, c₂)`` plus noise, then
@@ -42,8 +56,28 @@ SERVER_EF_LABEL = (
 )
 
 
+def kept_state(e_new: torch.Tensor, bound: float | None = None, decay: float | None = None) -> torch.Tensor:
+    """What a user keeps of its new error: ``clip(β·e_new, B)`` (``client.ef_decay`` ``β``,
+    ``client.ef_state_bound`` ``B``; either may be unset: ``β = 1``, no bound). With both unset
+    ``e_new`` itself is returned (the default recursion, unchanged). A non-finite ``e_new`` is
+    returned as it is (not mapped to zeros by the clip), so that the caller still sees it and
+    treats the participation as failed (the user contributes zero and keeps its old state)."""
+    if decay is not None and decay != 1.0:
+        e_new = e_new * decay
+    if bound is not None:
+        clipped, norm = clip_vector(e_new, bound)
+        if math.isfinite(norm):
+            e_new = clipped
+    return e_new
+
+
 def client_ef_update(
-    delta: torch.Tensor, e: torch.Tensor, c1: float, c2: float
+    delta: torch.Tensor,
+    e: torch.Tensor,
+    c1: float,
+    c2: float,
+    bound: float | None = None,
+    decay: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """One participation of the client variant.
 
@@ -52,14 +86,16 @@ def client_ef_update(
     delta : ``Δ_i``, the user's unclipped local delta.
     e : ``e_i``, the user's error state before this participation (same shape).
     c1, c2 : clip norms of the delta and of the error.
+    bound, decay : ``B`` and ``β`` of :func:`kept_state` (opt-in; default unset).
 
     Returns ``(u_i, e_i_new, ‖Δ_i‖)`` with ``u_i = clip(Δ_i, c₁) + clip(e_i, c₂)`` and
-    ``e_i_new = e_i + Δ_i − u_i``.
+    ``e_i_new = e_i + Δ_i − u_i``, or ``clip(β·(e_i + Δ_i − u_i), B)`` with the options.
+    ``‖u_i‖ ≤ c₁ + c₂`` whatever ``Δ_i`` and ``e_i`` are (a non-finite one is clipped to zero).
     """
     cd, norm = clip_vector(delta, c1)
     ce, _ = clip_vector(e, c2)
     u = cd + ce
-    return u, e + delta - u, norm
+    return u, kept_state(e + delta - u, bound, decay), norm
 
 
 def state_bytes(population: int, dim: int) -> int:
@@ -87,11 +123,19 @@ class ClientStateStore:
     dim : ``d``.
     population : ``N`` (for the memory check).
     budget_mb : the memory budget in MiB (``client.error_feedback_memory_mb``).
+    bound, decay : ``client.ef_state_bound`` ``B`` and ``client.ef_decay`` ``β`` (default unset):
+        :meth:`put` keeps ``clip(β·e_new, B)`` of the state a worker returns, as the user would
+        (the store is the simulated users' own memory; the worker sends ``u_i`` from the state
+        it was given, so the bound and the decay act only on what is kept).
     """
 
-    def __init__(self, dim: int, population: int, budget_mb: float) -> None:
+    def __init__(
+        self, dim: int, population: int, budget_mb: float, bound: float | None = None, decay: float | None = None
+    ) -> None:
         check_memory(population, dim, budget_mb)
         self.dim = int(dim)
+        self.bound = bound
+        self.decay = decay
         self.states: dict[int, np.ndarray] = {}
 
     def get(self, user: int) -> np.ndarray:
@@ -109,9 +153,13 @@ class ClientStateStore:
             return bool(np.all(np.isfinite(value.astype(np.float32))))
 
     def put(self, user: int, value: np.ndarray) -> None:
+        """Keep ``value`` (a user's ``e_new``) as ``e_i``, through :func:`kept_state` when
+        ``bound`` or ``decay`` is set."""
         stored = np.asarray(value, dtype=np.float32).copy()
         if not np.all(np.isfinite(stored)):
             raise ValueError("error state is not finite in float32; validate it with valid() first")
+        if self.bound is not None or self.decay is not None:
+            stored = kept_state(torch.from_numpy(stored), self.bound, self.decay).numpy()
         self.states[int(user)] = stored
 
     def state_dict(self) -> dict[str, Any]:
