@@ -245,6 +245,8 @@ def test_factorize_dense_device_flag(capsys):
     code2, out2, _ = run_cli(capsys, "factorize", "--mechanism", "dense", "--rounds", "32", "--device", "cpu", "--json")
     got = json.loads(out2)
     assert code == code2 == 0 and got["loss"] == pytest.approx(ref["loss"], rel=1e-10)
+    # the same solve is on the disk cache now: a bad device is still refused, not skipped
+    assert run_cli(capsys, "factorize", "--mechanism", "dense", "--rounds", "8", "--json")[0] == 0
     code3, _, err = run_cli(capsys, "factorize", "--mechanism", "dense", "--rounds", "8", "--device", "warp", "--json")
     assert code3 != 0 and "torch device" in err
 

@@ -256,6 +256,13 @@ class DenseFamilyOptions(MFOptions):
         description="scheme (multi-epoch optimum under epochs, optimal banded C under min_sep) or single",
     )
 
+    def checked_device(self) -> str | None:
+        """``factorize_device``, checked before any result is read from the cache: an unknown
+        device or ``cuda`` without a GPU is an error whether or not the solve is cached."""
+        if self.factorize_device is not None:
+            torch_device(self.factorize_device)
+        return self.factorize_device
+
     def participation(self, scheme: ParticipationScheme, n: int) -> tuple[str, int, int] | None:
         """``(scheme, k, b)`` to optimise for, or None for the single-participation solve."""
         from fedsim.privacy.mechanisms.multi_epoch import multi_participation
@@ -279,7 +286,7 @@ class Dense(Mechanism):
         assert isinstance(opts, DenseOptions)
         participation = opts.participation(scheme, A.shape[0])
         if participation is None:
-            return DenseStrategy.of(factorize_dense(A, device=opts.factorize_device))
+            return DenseStrategy.of(factorize_dense(A, device=opts.checked_device()))
         from fedsim.privacy.mechanisms.multi_epoch import factorize_for_participation
 
-        return DenseStrategy.of(factorize_for_participation(A, participation, device=opts.factorize_device))
+        return DenseStrategy.of(factorize_for_participation(A, participation, device=opts.checked_device()))

@@ -167,5 +167,5 @@ class DPMFPlus(Mechanism):
         assert isinstance(opts, DPMFPlusOptions)
         participation = opts.participation(scheme, A.shape[0])
         return DenseStrategy.of(
-            factorize_dpmf_plus(A, tau=opts.tau, device=opts.factorize_device, participation=participation)
+            factorize_dpmf_plus(A, tau=opts.tau, device=opts.checked_device(), participation=participation)
         )
