@@ -24,6 +24,29 @@ from fedsim.interrupt import RunInterrupted
 # Nothing heavy is imported here (torch, Flower, Ray, the registries): `fedsim --help` and the
 # usage errors answer at once; each command imports what it needs.
 
+
+def _keep_argument_help() -> None:
+    """Make ``--help`` show each argument's help text. Typer 0.20 keeps an argument's help on
+    its ``TyperArgument`` before calling ``click.Argument.__init__``, which since click 8.3 takes
+    a ``help`` of its own and resets it to None, so every argument's help was blank. This
+    restores the text Typer was given, and does nothing where the two agree."""
+    import typer.core
+
+    init = typer.core.TyperArgument.__init__
+    if getattr(init, "_keeps_help", False):
+        return
+
+    def keeping(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if self.help is None and kwargs.get("help") is not None:
+            self.help = kwargs["help"]
+
+    keeping._keeps_help = True  # type: ignore[attr-defined]
+    typer.core.TyperArgument.__init__ = keeping  # type: ignore[method-assign]
+
+
+_keep_argument_help()
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -174,7 +197,7 @@ def run(
     typer.echo(
         f"done: {summary['rounds_completed']} rounds, eval accuracy "
         f"{'–' if acc is None else f'{100 * acc:.2f}%'}"
-        f"{'' if base is None else f' (most frequent char {100 * base:.2f}%)'}, "
+        f"{'' if base is None else f' (majority class {100 * base:.2f}%)'}, "
         f"ε = {format_epsilon(eps)} at δ = {format_delta(summary['delta'])} "
         f"({_relation(summary.get('neighboring_relation'))}), {summary['wall_seconds']:.0f} s"
     )
@@ -384,7 +407,11 @@ def factorize(
 
 
 def _register_factorize() -> None:
-    """Give ``factorize`` its registry-derived options and register it with the app."""
+    """Give ``factorize`` its registry-derived options and register it with the app (after the
+    plugins of ``FEDSIM_PLUGINS`` and the entry points, so their mechanisms are listed too)."""
+    from fedsim import plugins
+
+    plugins.load_startup()
     from fedsim.privacy.mechanisms import MECHANISMS
 
     params, hints = _factorize_options()

@@ -178,3 +178,22 @@ def test_json_changes_what_data_and_factorize_print(capsys):
     assert code == 0 and "sensitivity: 1.41421" in text
     code, out, _ = run_cli(capsys, *fargs, "--json")
     assert json.loads(out)["sensitivity"] == pytest.approx(2**0.5)
+
+
+def test_every_argument_shows_its_help_text():
+    """Typer 0.20 with click ≥ 8.3 printed blank help for every positional argument (CONFIG,
+    SPEC, RUN_DIRS, NAME); the CLI restores it."""
+    import typer.main
+
+    from fedsim.cli import app
+
+    root = typer.main.get_command(app)
+    missing = []
+    for group_name, group in [("", root), *((n, c) for n, c in root.commands.items() if hasattr(c, "commands"))]:
+        for name, cmd in getattr(group, "commands", {}).items():
+            for p in cmd.params:
+                if p.param_type_name == "argument" and not getattr(p, "help", None):
+                    missing.append(f"{group_name} {name} {p.name}".strip())
+    assert not missing, missing
+    r = subprocess.run([sys.executable, "-m", "fedsim.cli", "run", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert "Experiment TOML" in r.stdout

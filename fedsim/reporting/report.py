@@ -216,7 +216,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     """Plot one run: eval accuracy and ε against the round.
 
     Writes ``accuracy.png`` (only the rounds that were evaluated; with a dashed
-    "most frequent char" line when the summary has ``majority_baseline_accuracy``)
+    "majority class" line when the summary has ``majority_baseline_accuracy``)
     and ``epsilon.png`` (a note instead of a curve when every ε is infinite, i.e.
     the run had no DP).
 
@@ -258,7 +258,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
             _empty_note(ax, "no evaluated rounds")
         baseline = (summary or {}).get("majority_baseline_accuracy")
         if baseline is not None:
-            ax.axhline(float(baseline), linestyle="--", color="grey", label="most frequent char")
+            ax.axhline(float(baseline), linestyle="--", color="grey", label="majority class")
         if rounds or baseline is not None:
             ax.legend(loc="best")
         _round_axis(ax)
