@@ -34,6 +34,35 @@ def test_the_app_gains_mf_dp_with_at_most_five_changed_lines():
     assert _changed_lines("client_app") <= 3  # the client-side variant's mod: an import and the mods list
 
 
+def _page_diffs() -> list[list[str]]:
+    """The ``diff`` blocks of docs/flower.md, as lists of lines."""
+    blocks, current = [], None
+    for line in (ROOT / "docs" / "flower.md").read_text().splitlines():
+        if line.startswith("```diff"):
+            current = []
+        elif line.startswith("```") and current is not None:
+            blocks.append(current)
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def test_the_docs_page_shows_the_examples_change():
+    """docs/flower.md's two diffs are the example's change: each removed line is in Flower's
+    file and gone from the example, each added line is in the example (the server diff for
+    server_app.py, the mod diff for client_app.py)."""
+    diffs = _page_diffs()
+    assert len(diffs) == 2
+    for name, diff in zip(("server_app", "client_app"), diffs, strict=True):
+        before = {ln.strip() for ln in (APP / "upstream" / f"{name}.py.orig").read_text().splitlines()}
+        after = {ln.strip() for ln in (APP / "pytorchexample" / f"{name}.py").read_text().splitlines()}
+        added = [ln[1:].strip() for ln in diff if ln.startswith("+")]
+        removed = [ln[1:].strip() for ln in diff if ln.startswith("-")]
+        assert added and all(a in after for a in added), (name, [a for a in added if a not in after])
+        assert all(r in before and r not in after for r in removed), (name, removed)
+
+
 @pytest.fixture
 def superlink(tmp_path):
     home = tmp_path / "flwr_home"
