@@ -3,8 +3,8 @@ regime where its mechanism can act?
 
 Run the sweeps first (each spec's header names its command), then::
 
-    python experiments/paper_tables.py runs/paper_doppler runs/paper_adambc runs/paper_adambc_more \
-        runs/paper_dpmf_plus runs/paper_disk [--json FILE]
+    python experiments/paper_tables.py runs/paper_doppler runs/paper_filters_mlp runs/paper_disk \
+        runs/paper_adambc runs/paper_adambc_more runs/paper_adambc_floor runs/paper_dpmf_plus [--json FILE]
 
 For each sweep folder it reads the trials that ran as planned (``finished_as_planned``: each trial's
 ledger holds its arm's planned accounting spec), and for every arm of the paper's comparison:
@@ -22,7 +22,8 @@ ledger holds its arm's planned accounting spec), and for every arm of the paper'
    has 80 % power against the paper's stated effect (``effect_loss``, in nats), with the measured
    paired std: exact power from the noncentral t distribution.
    A sweep named ``<paper>_more`` adds seeds at the lrs its paper's grid chose (same arms, new
-   seeds); pass both folders and the trials are merged before the comparison.
+   seeds), and one named ``<paper>_<part>`` may add arms; pass all folders and the trials are
+   merged before the comparison.
 4. **Verdict** on the loss: "reproduced" when the interval lies below 0 (the treatment lowers the
    loss), "opposite" when it lies above 0, "not reproduced" when it contains 0.
 
@@ -60,7 +61,11 @@ PAPERS: dict[str, dict[str, Any]] = {
         "claim": "removing the DP-noise variance from Adam's second moment beats DP-Adam, up to +3.5 pp",
         "baseline": "adam",
         "treatment": "adambc",
-        "also": [("sgdm", "adam")],  # the paper's explanation: DP-Adam against DP-SGD with momentum
+        # the paper's explanation (DP-Adam against DP-SGD with momentum), and AdamBC with larger floors
+        # γ′ (paper_adambc_floor; pairs whose families no given folder holds are skipped)
+        "also": [("sgdm", "adam"), ("adam", "adambc_g0.1"), ("adam", "adambc_g0.3")],
+        # a second row: AdamBC with its floor chosen on the tuning seeds together with the lr
+        "tuned": {"among": ["adambc", "adambc_g0.1", "adambc_g0.3"], "label": "γ′ ∈ {0.01, 0.1, 0.3}·Φ tuned"},
         "tune_seeds": (0, 1),
         "effect_loss": 0.01,
         "claimed_acc": 0.01,
@@ -244,11 +249,12 @@ def sweep_name(out: Path) -> str:
 
 
 def paper_of(name: str) -> str:
-    """The :data:`PAPERS` entry a sweep belongs to (a ``<paper>_more`` sweep adds seeds to ``<paper>``)."""
-    key = name.removesuffix("_more")
-    if key not in PAPERS:
+    """The :data:`PAPERS` entry a sweep belongs to: its name, or the longest entry that it extends
+    as ``<entry>_<part>`` (``paper_adambc_more`` adds seeds to ``paper_adambc``)."""
+    keys = [k for k in PAPERS if name == k or name.startswith(k + "_")]
+    if not keys:
         raise SystemExit(f"sweep {name!r} belongs to none of {', '.join(PAPERS)}")
-    return key
+    return max(keys, key=len)
 
 
 def merge(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -282,8 +288,18 @@ def analyse(name: str, folders: list[Path]) -> dict[str, Any]:
         "main": compare(rows, spec, spec["baseline"], spec["treatment"]),
     }
     # further pairs (baseline, treatment) that check the paper's explanation
-    result["also"] = [compare(rows, spec, b, t) for b, t in spec.get("also", ())]
+    present = {r["family"] for r in rows}
+    result["also"] = [compare(rows, spec, b, t) for b, t in spec.get("also", ()) if {b, t} <= present]
+    tuned = spec.get("tuned")
+    if tuned and set(tuned["among"]) <= present:
+        result["tuned"] = compare(rows, spec, spec["baseline"], best_family(rows, tuned["among"], spec["tune_seeds"]))
     return result
+
+
+def best_family(rows: list[dict[str, Any]], among: Sequence[str], seeds: Sequence[int]) -> str:
+    """Of the families ``among`` (one setting each, e.g. AdamBC's floor), the one whose best lr has
+    the lowest mean loss on the tuning ``seeds``: the setting tuned together with the lr."""
+    return min(among, key=lambda fam: min(choose_lr(grid(rows, fam), seeds)["means"].values()))
 
 
 def _ci(c: dict[str, float], scale: float = 1.0, digits: int = 4) -> str:
@@ -309,13 +325,21 @@ def explanation(res: dict[str, Any]) -> str:
             + ", ".join(f"{per_lr[lr]['mean']:+.4f}" for lr in lrs)
             + f"; DiSK − DP-SGD (both tuned): {_ci(r['loss'])} nats, {_ci(r['acc'], 100, 2)} pp"
         )
-    if res["sweep"] == "paper_adambc" and res["also"]:
-        r, lr = res["also"][0], m["lr"]
+    pairs = {(c["baseline"], c["treatment"]): c for c in res["also"]}
+    if res["sweep"] == "paper_adambc" and ("sgdm", "adam") in pairs:
+        r, lr = pairs[("sgdm", "adam")], m["lr"]
+        floors = "".join(
+            f"; γ′ = {fam.split('_g')[1]}·Φ: {_ci(pairs[('adam', fam)]['loss'])}"
+            for fam in ("adambc_g0.1", "adambc_g0.3")
+            if ("adam", fam) in pairs
+        )
         return (
-            "with Φ ≫ v, v̂ − φ is known only to about ±0.07·Φ after 400 rounds (β₂ = 0.999), so noise-only "
-            "coordinates sit near the floor 0.01·Φ and take steps 3–10× DP-Adam's: the tuned lr falls from "
+            "with Φ ≫ v, v̂ − φ is known only to about ±0.07·Φ after 400 rounds (β₂ = 0.999; computed), so "
+            "noise-only coordinates sit near the floor 0.01·Φ and take steps 3–10× DP-Adam's; measured: the tuned "
+            "lr falls from "
             f"{lr[m['baseline']]:g} to {lr[m['treatment']]:g}, slowing the informative coordinates too. DP-Adam itself "
             f"is not DP-SGDM here: DP-Adam − DP-SGDM (both tuned) = {_ci(r['loss'])} nats"
+            + (f". AdamBC − DP-Adam with a larger floor{floors}" if floors else "")
         )
     if res["sweep"] == "paper_disk" and res["also"]:
         r = res["also"][0]
@@ -331,6 +355,22 @@ def explanation(res: dict[str, Any]) -> str:
     return ""
 
 
+def _row(spec: dict[str, Any], regime: str, m: dict[str, Any], claim_note: str, why: str) -> str:
+    """One row of the summary table for the comparison ``m``."""
+    edges = [fam for fam, e in m["edge_tune"].items() if e]
+    note = f" (lr at grid edge: {', '.join(edges)})" if edges else ""
+    cells = [
+        f"{spec['paper']}: {spec['claim']}{claim_note}",
+        regime,
+        _ci(m["loss"]) + f" (baseline {m['baseline_loss']:.4f})",
+        _ci(m["acc"], 100, 2) + f" (baseline {m['baseline_acc'] * 100:.2f} %)",
+        f"{m['loss']['n']} / {m['seeds_needed']} for {spec['effect_loss']:g} nats",
+        m["verdict"] + note,
+        why,
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
 def markdown(results: list[dict[str, Any]], regimes: dict[str, str]) -> str:
     """The summary table: claim, regime, measured effect ± 95 % interval, verdict, explanation."""
     lines = [
@@ -339,24 +379,12 @@ def markdown(results: list[dict[str, Any]], regimes: dict[str, str]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for res in results:
-        spec, m = PAPERS[res["sweep"]], res["main"]
-        edges = [fam for fam, e in {**m["edge_tune"]}.items() if e]
-        note = f" (lr at grid edge: {', '.join(edges)})" if edges else ""
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    f"{spec['paper']}: {spec['claim']}",
-                    regimes.get(res["sweep"], res["sweep"]),
-                    _ci(m["loss"]) + f" (baseline {m['baseline_loss']:.4f})",
-                    _ci(m["acc"], 100, 2) + f" (baseline {m['baseline_acc'] * 100:.2f} %)",
-                    f"{m['loss']['n']} / {res['main']['seeds_needed']} for {spec['effect_loss']:g} nats",
-                    m["verdict"] + note,
-                    explanation(res),
-                ]
-            )
-            + " |"
-        )
+        spec, regime = PAPERS[res["sweep"]], regimes.get(res["sweep"], res["sweep"])
+        lines.append(_row(spec, regime, res["main"], "", explanation(res)))
+        if "tuned" in res:
+            t = res["tuned"]
+            why = f"tuning seeds chose {t['treatment']} at lr {t['lr'][t['treatment']]:g}"
+            lines.append(_row(spec, regime, t, f" ({spec['tuned']['label']})", why))
     return "\n".join(lines)
 
 

@@ -56,17 +56,18 @@ def test_every_paper_spec_validates_and_has_its_papers_arms():
     found = json.loads(done.stdout.strip().splitlines()[-1])
     tables = _tables()
     assert set(found) == {p.stem for p in SPECS}  # a spec's name is its file's
+    families: dict[str, set[str]] = {}
     for name, info in found.items():
-        paper = tables.PAPERS[tables.paper_of(name)]  # the analysis knows every sweep
+        key = tables.paper_of(name)  # the analysis knows every sweep
         assert info["trials"] > 0
+        families.setdefault(key, set()).update(tables.family(a) for a in info["arms"])
         if name.endswith("_more"):  # added seeds: each arm configured exactly as in the paper's grid
-            grid = found[tables.paper_of(name)]["configs"]
             for arm, config in info["configs"].items():
-                assert grid.get(arm) == config, (name, arm)
-            continue
-        families = {tables.family(a) for a in info["arms"]}
+                assert found[key]["configs"].get(arm) == config, (name, arm)
+    for key, fams in families.items():
+        paper = tables.PAPERS[key]
         compared = {paper["baseline"], paper["treatment"], *(f for pair in paper.get("also", ()) for f in pair)}
-        assert compared <= families, (name, compared - families)
+        assert compared <= fams, (key, compared - fams)
 
 
 NUMBERS = [0.012, -0.004, 0.021, 0.007, -0.011, 0.016, 0.003, 0.009]
@@ -121,3 +122,4 @@ def test_compare_picks_lr_on_tuning_seeds_and_pairs_the_rest():
     assert c["verdict"] == "reproduced"
     assert c["acc"]["mean"] == pytest.approx(0.1)
     assert tables.family("adambc+lr=0.002,seed=3") == "adambc"
+    assert tables.best_family(rows, ["a", "b"], (0, 1)) == "b"  # b's best tuning mean 0.71, a's 0.805
