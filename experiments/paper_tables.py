@@ -151,6 +151,10 @@ def family(trial_name: str) -> str:
     return trial_name.split(",")[0].split("+lr=")[0]
 
 
+#: the neighbouring relations' names in the table
+RELATIONS = {"add_or_remove_one": "add/remove one user", "replace_one": "replace one user", "zero_out": "zero-out"}
+
+
 def read_trials(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """The sweep's trials that finished as planned, each ``{family, lr, seed, loss, acc, epsilon,
     wall}``, and the names of those left out (another accounting spec, or not of this sweep)."""
@@ -174,6 +178,9 @@ def read_trials(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
                 "acc": float(summary["final_eval_accuracy"]),
                 "epsilon": summary.get("epsilon"),
                 "delta": summary.get("delta"),
+                "relation": RELATIONS.get(
+                    str(summary.get("neighboring_relation")), str(summary.get("neighboring_relation"))
+                ),
                 "wall": float(summary.get("wall_seconds") or 0.0),
             }
         )
@@ -284,6 +291,7 @@ def analyse(name: str, folders: list[Path]) -> dict[str, Any]:
         "left_out": [n for p in parts for n in p[1]],
         "epsilon": max((r["epsilon"] for r in rows if isinstance(r["epsilon"], float)), default=None),
         "delta": rows[0]["delta"] if rows else None,
+        "relation": " / ".join(sorted({r["relation"] for r in rows})),
         "trial_seconds": sum(r["wall"] for r in rows),
         "main": compare(rows, spec, spec["baseline"], spec["treatment"]),
     }
@@ -380,6 +388,8 @@ def markdown(results: list[dict[str, Any]], regimes: dict[str, str]) -> str:
     ]
     for res in results:
         spec, regime = PAPERS[res["sweep"]], regimes.get(res["sweep"], res["sweep"])
+        if isinstance(res["epsilon"], float) and isinstance(res["delta"], float):
+            regime += f"; ε = {res['epsilon']:.3g} at δ = {res['delta']:.2g} (per trial, {res['relation']})"
         lines.append(_row(spec, regime, res["main"], "", explanation(res)))
         if "tuned" in res:
             t = res["tuned"]
@@ -388,7 +398,7 @@ def markdown(results: list[dict[str, Any]], regimes: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-#: the regime column of each sweep (what its spec sets; ε is appended from the ledgers).
+#: the regime column of each sweep (what its spec sets; ε is appended from the trials' summaries).
 REGIMES = {
     "paper_doppler": "DP-SGD (1 example per user, 1 local step), logistic regression d = 650, feature scales "
     "0.1–1, Poisson K̄ = 32 of 10,000, z = 2, automatic clipping, 600 rounds, server SGD",
