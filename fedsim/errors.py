@@ -10,3 +10,8 @@ class FedsimError(Exception):
     without a traceback and exits with status 2; nothing has started when it is
     raised during validation.
     """
+
+
+class RegistryFrozen(FedsimError):
+    """A part registered after the config schema was built from the registries
+    (:meth:`fedsim.registry.Registry.add`); :mod:`fedsim.plugins` turns it into advice."""

@@ -28,8 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fedsim.errors import FedsimError
-from fedsim.registry import RegistryFrozen
+from fedsim.errors import FedsimError, RegistryFrozen
 
 ENV = "FEDSIM_PLUGINS"
 ENTRY_POINT_GROUP = "fedsim.plugins"
@@ -207,11 +206,16 @@ def _toml(p: Path) -> dict[str, Any] | None:
 
 
 def of_file(path: str | Path | None) -> None:
-    """Load the plugins listed in the config file ``path`` (None, a missing or unreadable file:
-    nothing; the config loader reports those)."""
-    raw = None if path is None else _toml(Path(path))
+    """Load the plugins listed in the config file ``path``, or in the shipped experiment it names
+    (None, a missing or unreadable file: nothing; the config loader reports those)."""
+    from fedsim.shipped import resolve_experiment
+
+    if path is None:
+        return
+    p = resolve_experiment(path)  # a shipped experiment's name reads that file's plugins
+    raw = _toml(p)
     if raw is not None:
-        of_table(relative_to(raw, Path(path).resolve().parent), str(path))  # type: ignore[arg-type]
+        of_table(relative_to(raw, p.resolve().parent), str(path))
 
 
 def of_sweep(spec: str | Path | None, resume: str | Path | None = None) -> None:
@@ -227,8 +231,11 @@ def of_sweep(spec: str | Path | None, resume: str | Path | None = None) -> None:
             except (OSError, ValueError, AttributeError):
                 return
         return
-    raw = None if spec is None else _toml(Path(spec))
+    from fedsim.shipped import resolve_experiment
+
+    path = None if spec is None else resolve_experiment(spec)  # a shipped sweep's name too
+    raw = None if path is None else _toml(path)
     sweep = raw.get("sweep") if raw is not None else None
     base = sweep.get("config") if isinstance(sweep, dict) else None
-    if isinstance(base, str):
-        of_file(Path(str(spec)).parent / base)
+    if isinstance(base, str) and path is not None:
+        of_file(path.parent / base)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, RegistryFrozen
 
 T = TypeVar("T")
 
@@ -24,10 +24,6 @@ class ChoiceOptions(BaseModel):
     not an int, ``true`` is not 1; ints are accepted for floats) and numbers must be finite."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
-
-
-class RegistryFrozen(FedsimError):
-    """A part registered after the config schema was built from the registries."""
 
 
 class Registry(dict[str, T]):

@@ -18,7 +18,14 @@ RUNNER_PACKAGE = "fedsim.runner"
 #: runner layer too: Flower glue for other people's apps.
 RUNNER_PACKAGES = (RUNNER_PACKAGE, "fedsim.flower")
 #: ``fedsim`` itself: its ``__getattr__`` loads the public API (:mod:`fedsim.api`) on first use
-RUNNER = ("fedsim", "fedsim.api", "fedsim.cli", "fedsim.deploy.runconfig", "fedsim.deploy.serverapp")
+RUNNER = (
+    "fedsim",
+    "fedsim.api",
+    "fedsim.cli",
+    "fedsim.cli_reference",
+    "fedsim.deploy.runconfig",
+    "fedsim.deploy.serverapp",
+)
 #: Flower glue inside fedsim/ (typed record reads): may import Flower, not the runner.
 FLOWER_GLUE = ("fedsim.records",)
 

@@ -62,7 +62,8 @@ def test_the_cli_runs_a_plugins_model_and_dataset_and_resume_needs_the_plugin(ex
 def test_a_broken_plugin_and_a_name_registered_twice_are_one_line_errors(example):
     folder, cwd = example
     (folder / "broken.py").write_text("import no_such_module_anywhere\n")
-    (folder / "twice.py").write_text((folder / "my_parts.py").read_text())
+    # other code registering the same names (a byte-identical copy is the same plugin, loaded once)
+    (folder / "twice.py").write_text("# a modified copy\n" + (folder / "my_parts.py").read_text())
     for plugin, why in (("broken.py", "No module named 'no_such_module_anywhere'"), ("twice.py", "registered twice")):
         cfg = folder / f"with_{plugin}.toml"
         text = (folder / "experiment.toml").read_text().replace('["my_parts.py"]', f'["my_parts.py", "{plugin}"]')
@@ -185,3 +186,16 @@ def test_a_node_loads_the_runs_plugins_or_says_how_to_provide_them(example, tmp_
     assert "was not loaded when this process started" in out["late"] and "FEDSIM_PLUGINS" in out["late"]
     for message in (out["missing"], out["changed"], out["module"], out["late"]):
         assert len(message.splitlines()) == 1
+
+
+def test_a_shipped_experiment_named_by_name_loads_its_plugin(tmp_path):
+    """``fedsim privacy paper_blobs`` (a shipped config whose plugin sits beside it) from another
+    folder, and a shipped sweep named by name: the plugin is read from the file the name resolves
+    to before the schema is built (it was skipped, and the run refused the late plugin)."""
+    r = _fedsim(tmp_path, "privacy", "paper_blobs", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["population"] == 10000
+    code = "from fedsim import plugins; plugins.of_sweep('sweeps/paper_doppler'); print(sorted(plugins.LOADED))"
+    env = {k: v for k, v in os.environ.items() if k != "FEDSIM_PLUGINS"}
+    s = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert s.returncode == 0 and "paper_parts.py" in s.stdout, s.stderr[-2000:]

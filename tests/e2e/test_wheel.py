@@ -37,6 +37,8 @@ def test_the_wheel_runs_fedsim_outside_the_repository(tmp_path):
     assert {t for t in tops if not t.endswith(".dist-info")} == {"fedsim"}, tops
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"fedsim/experiments/shakespeare_default.toml", "fedsim/clients/client_app.py"} <= names
+    # a shipped config's plugin ships beside it (paper_blobs.toml names paper_parts.py)
+    assert {"fedsim/experiments/paper_blobs.toml", "fedsim/experiments/paper_parts.py"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
     venv = tmp_path / "venv"
@@ -68,6 +70,8 @@ def test_the_wheel_runs_fedsim_outside_the_repository(tmp_path):
     assert privacy["population"] == 848 and privacy["epsilon"] <= 8.0
     banded = json.loads(_run([fedsim, "privacy", "shakespeare_banded", "--json"], work, env))
     assert banded["mechanism"] == "banded"
+    paper = json.loads(_run([fedsim, "privacy", "paper_blobs", "--json"], work, env))  # its plugin, from the wheel
+    assert paper["population"] == 10000
     sets = ["rounds=2", "data.max_users=60", "sampling.min_sep=2", "eval.max_users=6", "sim.num_workers=1"]
     _run([fedsim, "run", "--out", "run", *[a for s in sets for a in ("--set", s)]], work, env)
     summary = json.loads((work / "run" / "summary.json").read_text())

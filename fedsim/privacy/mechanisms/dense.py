@@ -30,6 +30,7 @@ from pydantic import Field
 from fedsim.errors import FedsimError
 from fedsim.privacy.factorizations import Factorization, cached, check_workload, right_divide_lower
 from fedsim.privacy.mechanisms.base import DenseStrategy, Mechanism, MechanismOptions, MFOptions, Strategy
+from fedsim.privacy.mechanisms.linalg import lower_factor, torch_device
 from fedsim.privacy.mechanisms.registry import register
 from fedsim.privacy.participation import ParticipationScheme
 
@@ -38,20 +39,6 @@ def _sqrt_psd(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Eigen-decomposition of symmetric PSD ``M``: returns ``(√eigenvalues, eigenvectors)``."""
     e, U = np.linalg.eigh(M)
     return np.sqrt(np.clip(e, 0.0, None)), U
-
-
-def _lower_factor(X: np.ndarray) -> np.ndarray:
-    """Lower-triangular ``C`` with ``CᵀC = X``: ``C = J·Lᵀ·J`` with ``L = chol(J·X·J)``."""
-    JXJ = X[::-1, ::-1]
-    JXJ = 0.5 * (JXJ + JXJ.T)
-    try:
-        L = np.linalg.cholesky(JXJ)
-    except np.linalg.LinAlgError as exc:  # pragma: no cover - only for singular workloads
-        raise FedsimError(
-            "the optimal strategy is numerically singular (the workload is too "
-            "ill-conditioned); use fewer rounds or a better-conditioned schedule"
-        ) from exc
-    return np.tril(L.T[::-1, ::-1])
 
 
 def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int) -> tuple[Any, Any, Any, int, float, bool]:
@@ -75,23 +62,6 @@ def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int) -> tuple[Any,
     root_e, U = _sqrt_psd(s[:, None] * W * s[None, :])
     X = (U * root_e) @ U.T / np.outer(s, s)
     return v, root_e, X, iterations, change, converged
-
-
-def torch_device(device: str) -> Any:
-    """The ``torch.device`` of ``privacy.factorize_device``; a clear error for a name torch does not
-    know or for ``cuda`` without a GPU."""
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise FedsimError(f"factorization device {device!r} is not a torch device; use 'cpu' or 'cuda'") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise FedsimError(
-            f"factorization device {device!r} asked for, but torch sees no CUDA GPU; "
-            "leave the device unset (numpy on the CPU) or run on a GPU machine"
-        )
-    return dev
 
 
 def _dense_iterate_torch(
@@ -181,7 +151,7 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str
         v, root_e, X, iterations, change, converged = _dense_iterate_torch(W, tol, int(max_iter), device)
     d = np.sqrt(np.diag(X))
     X = X / np.outer(d, d)
-    C = _lower_factor(X)
+    C = lower_factor(X)
     B = right_divide_lower(A, C)
     primal = float(np.sum(B * B))
     dual = float(2.0 * np.sum(root_e) - np.sum(v))

@@ -103,7 +103,7 @@ class _EpochsDual:
     def __init__(self, W: np.ndarray, k: int, b: int, device: str) -> None:
         n = W.shape[0]
         self.n, self.b = n, min(b, n)
-        from fedsim.privacy.mechanisms.dense import torch_device
+        from fedsim.privacy.mechanisms.linalg import torch_device
 
         self.dev = torch_device(device)
         self.W = torch.as_tensor(W, dtype=torch.float64, device=self.dev)
@@ -172,7 +172,7 @@ class _EpochsDual:
 def _feasible_strategy(X: np.ndarray, n: int, k: int, b: int) -> tuple[np.ndarray, float, float]:
     """The exactly feasible ``C`` from an almost feasible ``X`` (module docstring): returns
     ``(C, sens, δ)`` with ``sens`` exact under ``epochs (k, b)`` by fedsim's own computation."""
-    from fedsim.privacy.mechanisms.dense import _lower_factor
+    from fedsim.privacy.mechanisms.linalg import lower_factor
 
     X = X.copy()
     pats = epoch_patterns(n, k, b)
@@ -188,7 +188,7 @@ def _feasible_strategy(X: np.ndarray, n: int, k: int, b: int) -> tuple[np.ndarra
         ones[np.ix_(pat, pat)] = 1.0
     delta = 1e-12 * float(np.max(np.diag(X)))
     for _ in range(6):
-        C = _lower_factor(X + delta * ones)
+        C = lower_factor(X + delta * ones)
         sens, exact = epochs_sensitivity(C, k, b)
         if exact:
             return C, sens, delta
