@@ -17,6 +17,8 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -36,9 +38,42 @@ class _DropDeprecationBanner(logging.Filter):
         return "DEPRECATED FEATURE" not in msg and "deprecated feature" not in msg
 
 
+@contextmanager
+def ray_daemons_in_their_own_process_group() -> Iterator[None]:
+    """Within the block, the processes that Ray's local start launches (GCS, raylet, dashboard
+    agents, log monitor; the raylet's workers inherit the raylet's group) begin in a process group
+    of their own instead of this process's.
+
+    Why: a stop signal sent to this process's group (``timeout``, a batch scheduler, ``kill --
+    -PGID``) used to reach Ray's daemons at the same instant as the run. When they died before
+    the run's handler had abandoned the round, Ray's core worker in this process found the
+    raylet gone while Flower's engine still waited on a task, and ended the process with exit
+    status 1 from C++: no checkpoint, no ``128 + signal`` (measured: 1 in 3 when the daemons got
+    SIGTERM 0.3 s before the driver). With the daemons in their own group only this process gets
+    the signal, and :func:`execute` shuts Ray down in order. They still die with this process if
+    it is killed outright: Ray starts them with the kernel's parent-death signal. Ray joined by
+    address (a cluster) starts nothing here, so this changes nothing there."""
+    from ray._private import services
+
+    original = services.ConsolePopen
+
+    class _OwnGroupPopen(original):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("process_group", 0)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = _OwnGroupPopen  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        services.ConsolePopen = original  # type: ignore[misc]
+
+
 def _start_ray(init_args: dict[str, Any]) -> None:
     """Start (or join) Ray in the main thread, as Flower's Ray backend would: the workers get
-    this process's import path and plugins. Flower's backend then finds Ray running and uses it."""
+    this process's import path and plugins, and Ray's daemons a process group of their own
+    (:func:`ray_daemons_in_their_own_process_group`). Flower's backend then finds Ray running
+    and uses it."""
     import ray
 
     if ray.is_initialized():
@@ -49,7 +84,8 @@ def _start_ray(init_args: dict[str, Any]) -> None:
     os.environ["PYTHONPATH"] = pythonpath
     from fedsim.plugins import ray_env_vars
 
-    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **ray_env_vars()}}, **init_args)
+    with ray_daemons_in_their_own_process_group():
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **ray_env_vars()}}, **init_args)
 
 
 def _stop_ray() -> None:
