@@ -4,7 +4,8 @@ regime where its mechanism can act?
 Run the sweeps first (each spec's header names its command), then::
 
     python experiments/paper_tables.py runs/paper_doppler runs/paper_filters_mlp runs/paper_disk \
-        runs/paper_adambc runs/paper_adambc_more runs/paper_adambc_floor runs/paper_dpmf_plus [--json FILE]
+        runs/paper_adambc runs/paper_adambc_more runs/paper_adambc_floor runs/paper_dpmf_plus \
+        runs/paper_dicesgd [--json FILE]
 
 For each sweep folder it reads the trials that ran as planned (``finished_as_planned``: each trial's
 ledger holds its arm's planned accounting spec), and for every arm of the paper's comparison:
@@ -99,6 +100,19 @@ PAPERS: dict[str, dict[str, Any]] = {
         "effect_loss": 0.01,
         "claimed_acc": None,
     },
+    "paper_dicesgd": {
+        "paper": "DiceSGD (003)",
+        "claim": "error feedback removes the clipping bias and beats DP-SGD, +2.2 to +7.3 pp (client EF, c₂ = c₁, "
+        "against plain clipping at c₁ + c₂: equal noise and ε)",
+        "baseline": "clip",
+        "treatment": "ef",
+        # EF whose users keep half their new state (equal noise); plain clipping at c₁ (half the noise,
+        # more bias: not an equal-noise comparison)
+        "also": [("clip", "ef_decay"), ("clip", "clip_c1")],
+        "tune_seeds": (0, 1),
+        "effect_loss": 0.01,
+        "claimed_acc": 0.022,
+    },
 }
 
 
@@ -182,6 +196,7 @@ def read_trials(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
                     str(summary.get("neighboring_relation")), str(summary.get("neighboring_relation"))
                 ),
                 "wall": float(summary.get("wall_seconds") or 0.0),
+                "folder": str(folder),
             }
         )
     return rows, left_out
@@ -298,6 +313,13 @@ def analyse(name: str, folders: list[Path]) -> dict[str, Any]:
     # further pairs (baseline, treatment) that check the paper's explanation
     present = {r["family"] for r in rows}
     result["also"] = [compare(rows, spec, b, t) for b, t in spec.get("also", ()) if {b, t} <= present]
+    if name == "paper_dicesgd":  # how hard clipping binds in the plain-clipping families at their tuned lr
+        result["clipped"] = {
+            fam: clipped_fraction(rows, fam, c["lr"][fam], c["eval_seeds"])
+            for c in (result["main"], *result["also"])
+            for fam in (c["baseline"], c["treatment"])
+            if fam.startswith("clip")
+        }
     tuned = spec.get("tuned")
     if tuned and set(tuned["among"]) <= present:
         result["tuned"] = compare(rows, spec, spec["baseline"], best_family(rows, tuned["among"], spec["tune_seeds"]))
@@ -308,6 +330,19 @@ def best_family(rows: list[dict[str, Any]], among: Sequence[str], seeds: Sequenc
     """Of the families ``among`` (one setting each, e.g. AdamBC's floor), the one whose best lr has
     the lowest mean loss on the tuning ``seeds``: the setting tuned together with the lr."""
     return min(among, key=lambda fam: min(choose_lr(grid(rows, fam), seeds)["means"].values()))
+
+
+def clipped_fraction(rows: list[dict[str, Any]], fam: str, lr: float, seeds: Sequence[int]) -> float:
+    """The mean over ``seeds`` and rounds of the fraction of users whose delta was clipped, in the
+    trials of ``fam`` at ``lr`` (each trial's ``metrics.jsonl``; a side statistic, outside ε)."""
+    fractions = []
+    for r in rows:
+        if r["family"] == fam and r["lr"] == lr and r["seed"] in seeds:
+            for line in (Path(r["folder"]) / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+                value = json.loads(line).get("clipped_fraction")
+                if isinstance(value, float | int):
+                    fractions.append(float(value))
+    return statistics.fmean(fractions) if fractions else math.nan
 
 
 def _ci(c: dict[str, float], scale: float = 1.0, digits: int = 4) -> str:
@@ -352,6 +387,21 @@ def explanation(res: dict[str, Any]) -> str:
     if res["sweep"] == "paper_disk" and res["also"]:
         r = res["also"][0]
         return f"DiSK against the EMA alone (its server half, both tuned): Δloss {_ci(r['loss'])} nats"
+    if res["sweep"] == "paper_dicesgd" and ("clip", "ef_decay") in pairs:
+        r, c1 = pairs[("clip", "ef_decay")], pairs.get(("clip", "clip_c1"))
+        return (
+            f"clipping binds: {res['clipped'].get('clip', math.nan):.0%} of the deltas exceed c₁ + c₂ = 0.2 in the "
+            f"baseline's trials"
+            + (f", {res['clipped']['clip_c1']:.0%} exceed c₁ = 0.1 in clip_c1's" if "clip_c1" in res["clipped"] else "")
+            + "; client EF − clipping at c₁ + c₂ per lr "
+            + ", ".join(f"{lr:g}: {per_lr[lr]['mean']:+.4f}" for lr in lrs)
+            + f"; EF with decay 0.5 − clipping (both tuned): {_ci(r['loss'])} nats, {_ci(r['acc'], 100, 2)} pp"
+            + (
+                f"; clipping at c₁ (half the noise, more bias) − clipping at c₁ + c₂: {_ci(c1['loss'])} nats"
+                if c1
+                else ""
+            )
+        )
     if res["sweep"] == "paper_dpmf_plus" and lrs:
         return (
             "DP-MF+ cuts the noise in the last iterate, sens²·‖B[n−1,:]‖², from 124.9 to 73.6 (c·z)² (`fedsim "
@@ -411,6 +461,9 @@ REGIMES = {
     "paper_dpmf_plus": "1 example per user, 1 local step; logistic regression d = 330; N = 1,024 in 32 keyed "
     "groups (epochs scheme, K̄ = 32), 256 rounds, k = 8 participations; z = 1.5, flat clipping c = 1, server "
     "SGD; DP-MF = dense optimised for the epochs scheme, DP-MF+ with τ = n",
+    "paper_dicesgd": "DP-SGD (1 example per user, 1 local step), logistic regression d = 330; N = 1,000, Poisson "
+    "K̄ = 32 (about 10 participations per user), 300 rounds, z = 1, server SGD; c₁ = c₂ = 0.1 against plain "
+    "clipping at c = 0.2 (same noise z·0.2, same ε)",
 }
 
 

@@ -68,6 +68,28 @@ def test_every_paper_spec_validates_and_has_its_papers_arms():
         paper = tables.PAPERS[key]
         compared = {paper["baseline"], paper["treatment"], *(f for pair in paper.get("also", ()) for f in pair)}
         assert compared <= fams, (key, compared - fams)
+    _check_dicesgd_is_equal_noise(found["paper_dicesgd"]["configs"])
+
+
+def _check_dicesgd_is_equal_noise(configs: dict[str, str]) -> None:
+    """DiceSGD's baseline clips at c₁ + c₂ of its client-EF arms with the same z (the same noise
+    z·(c₁ + c₂) and the same ε); every EF arm is the privacy-valid client variant with c₂ = c₁."""
+    tables = _tables()
+    by_family: dict[str, list[dict[str, Any]]] = {}
+    for arm, config in configs.items():
+        by_family.setdefault(tables.family(arm), []).append(json.loads(config))
+    assert set(by_family) == {"clip", "ef", "ef_decay", "clip_c1"}
+    noise = {c["privacy"]["noise_multiplier"] for cs in by_family.values() for c in cs}
+    assert len(noise) == 1  # one z for every arm
+    bound = {c["client"]["clip_norm"] for c in by_family["clip"]}
+    assert len(bound) == 1 and all(c["client"]["error_feedback"] == "none" for c in by_family["clip"])
+    for fam in ("ef", "ef_decay"):
+        for c in by_family[fam]:
+            ef = c["client"]
+            assert ef["error_feedback"] == "client" and ef["ef_clip_norm"] == ef["clip_norm"]
+            assert {ef["clip_norm"] + ef["ef_clip_norm"]} == bound
+            assert ef["ef_decay"] == (0.5 if fam == "ef_decay" else None)
+    assert {2 * c["client"]["clip_norm"] for c in by_family["clip_c1"]} == bound  # c₁ alone: half the noise
 
 
 NUMBERS = [0.012, -0.004, 0.021, 0.007, -0.011, 0.016, 0.003, 0.009]
