@@ -5,7 +5,7 @@ Run the sweeps first (each spec's header names its command), then::
 
     python experiments/paper_tables.py runs/paper_doppler runs/paper_filters_mlp runs/paper_disk \
         runs/paper_adambc runs/paper_adambc_more runs/paper_adambc_floor runs/paper_dpmf_plus \
-        runs/paper_dicesgd [--json FILE]
+        runs/paper_dicesgd runs/default_scale runs/default_scale_more [--json FILE]
 
 For each sweep folder it reads the trials that ran as planned (``finished_as_planned``: each trial's
 ledger holds its arm's planned accounting spec), and for every arm of the paper's comparison:
@@ -99,6 +99,30 @@ PAPERS: dict[str, dict[str, Any]] = {
         "tune_seeds": (0, 1),
         "effect_loss": 0.01,
         "claimed_acc": None,
+    },
+    "default_scale": {
+        "paper": "DOPPLER (001), at the default experiment's scale",
+        "claim": "a low-pass filter on the noisy updates beats DP-SGD by 3–10 % test accuracy",
+        "baseline": "dpsgd",
+        "treatment": "lp_dpsgd",
+        # further claims tested in the same sweep, each a row of its own
+        "rows": [
+            {
+                "paper": "DiSK (000), at the default experiment's scale",
+                "claim": "the simplified Kalman filter (look-ahead client evaluation + EMA) beats DP-SGD",
+                "baseline": "dpsgd",
+                "treatment": "disk",
+            },
+            {
+                "paper": "DP-AdamBC (002), at the default experiment's scale",
+                "claim": "removing the DP-noise variance from Adam's second moment beats DP-Adam, up to +3.5 pp",
+                "baseline": "adam",
+                "treatment": "adambc",
+            },
+        ],
+        "tune_seeds": (0,),
+        "effect_loss": 0.01,
+        "claimed_acc": 0.03,
     },
     "paper_dicesgd": {
         "paper": "DiceSGD (003)",
@@ -320,6 +344,11 @@ def analyse(name: str, folders: list[Path]) -> dict[str, Any]:
             for fam in (c["baseline"], c["treatment"])
             if fam.startswith("clip")
         }
+    result["rows"] = [
+        {**compare(rows, spec, row["baseline"], row["treatment"]), "row": i}
+        for i, row in enumerate(spec.get("rows", ()))
+        if {row["baseline"], row["treatment"]} <= present
+    ]
     tuned = spec.get("tuned")
     if tuned and set(tuned["among"]) <= present:
         result["tuned"] = compare(rows, spec, spec["baseline"], best_family(rows, tuned["among"], spec["tune_seeds"]))
@@ -413,6 +442,18 @@ def explanation(res: dict[str, Any]) -> str:
     return ""
 
 
+def lr_explanation(c: dict[str, Any]) -> str:
+    """The lrs the tuning seeds chose for a comparison ``c``, and its paired loss difference at
+    every lr both arms ran on two or more seeds."""
+    lr = c["lr"]
+    text = f"tuned lr: {c['baseline']} {lr[c['baseline']]:g}, {c['treatment']} {lr[c['treatment']]:g}"
+    if c["per_lr"]:
+        text += "; paired Δloss at equal lr: " + ", ".join(
+            f"{x:g}: {ci['mean']:+.4f} ({ci['n']} seeds)" for x, ci in c["per_lr"].items()
+        )
+    return text
+
+
 def _row(spec: dict[str, Any], regime: str, m: dict[str, Any], claim_note: str, why: str) -> str:
     """One row of the summary table for the comparison ``m``."""
     edges = [fam for fam, e in m["edge_tune"].items() if e]
@@ -441,6 +482,8 @@ def markdown(results: list[dict[str, Any]], regimes: dict[str, str]) -> str:
         if isinstance(res["epsilon"], float) and isinstance(res["delta"], float):
             regime += f"; ε = {res['epsilon']:.3g} at δ = {res['delta']:.2g} (per trial, {res['relation']})"
         lines.append(_row(spec, regime, res["main"], "", explanation(res)))
+        for r in res.get("rows", ()):
+            lines.append(_row({**spec, **spec["rows"][r["row"]]}, regime, r, "", lr_explanation(r)))
         if "tuned" in res:
             t = res["tuned"]
             why = f"tuning seeds chose {t['treatment']} at lr {t['lr'][t['treatment']]:g}"
@@ -461,6 +504,11 @@ REGIMES = {
     "paper_dpmf_plus": "1 example per user, 1 local step; logistic regression d = 330; N = 1,024 in 32 keyed "
     "groups (epochs scheme, K̄ = 32), 256 rounds, k = 8 participations; z = 1.5, flat clipping c = 1, server "
     "SGD; DP-MF = dense optimised for the epochs scheme, DP-MF+ with τ = n",
+    "default_scale": "the bundled default (experiments/shakespeare_default.toml): Shakespeare, 848 users, LSTM "
+    "d = 59,232, BLT noise (4 buffers) under the keyed epochs scheme (28 groups, K̄ = 30.3, ≤ 6 participations), "
+    "150 rounds, clip 1, local SGD; the server step replaced by each arm's (SGD, DOPPLER first_order_v1 + SGD, "
+    "DiSK look-ahead κ = 0.7 + SGD, Adam, AdamBC γ′ = 0.01·Φ_t with β = (0.9, 0.999)); lr tuned on seed 0, compared "
+    "on seeds 1–3",
     "paper_dicesgd": "DP-SGD (1 example per user, 1 local step), logistic regression d = 330; N = 1,000, Poisson "
     "K̄ = 32 (about 10 participations per user), 300 rounds, z = 1, server SGD; c₁ = c₂ = 0.1 against plain "
     "clipping at c = 0.2 (same noise z·0.2, same ε)",
@@ -477,7 +525,7 @@ def print_report(res: dict[str, Any]) -> None:
     )
     if res["left_out"]:
         print(f"left out (not as planned): {', '.join(res['left_out'])}")
-    comparisons = [m, *res["also"]]
+    comparisons = [m, *res["also"], *res.get("rows", ())]
     for c in comparisons:
         for fam in (c["baseline"], c["treatment"]):
             means = c["tune_means"][fam]

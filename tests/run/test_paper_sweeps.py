@@ -16,7 +16,12 @@ import pytest
 from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[2]
-SPECS = sorted((ROOT / "experiments" / "sweeps").glob("paper_*.toml"))
+SPECS = sorted(
+    [
+        *(ROOT / "experiments" / "sweeps").glob("paper_*.toml"),
+        *(ROOT / "experiments" / "sweeps").glob("default_scale*.toml"),
+    ]
+)
 
 
 def _tables() -> Any:
@@ -66,9 +71,36 @@ def test_every_paper_spec_validates_and_has_its_papers_arms():
                 assert found[key]["configs"].get(arm) == config, (name, arm)
     for key, fams in families.items():
         paper = tables.PAPERS[key]
-        compared = {paper["baseline"], paper["treatment"], *(f for pair in paper.get("also", ()) for f in pair)}
+        compared = {
+            paper["baseline"],
+            paper["treatment"],
+            *(f for pair in paper.get("also", ()) for f in pair),
+            *(f for row in paper.get("rows", ()) for f in (row["baseline"], row["treatment"])),
+        }
         assert compared <= fams, (key, compared - fams)
     _check_dicesgd_is_equal_noise(found["paper_dicesgd"]["configs"])
+    _check_default_scale_is_the_default_but_the_server_step(found["default_scale"]["configs"])
+
+
+def _check_default_scale_is_the_default_but_the_server_step(configs: dict[str, str]) -> None:
+    """Every arm of the default-scale sweep is the bundled default experiment with only the server
+    step (optimizer, lr, filter) and the evaluation/checkpoint cadence changed: same data, model,
+    clipping, participation, mechanism and privacy target, hence the same ε."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from fedsim.config import DEFAULT_EXPERIMENT, load_config
+    finally:
+        sys.path.remove(str(ROOT))
+    default = json.loads(load_config(DEFAULT_EXPERIMENT, ["seed=0"]).model_dump_json())
+    free = {"server", "filter", "eval", "checkpoint", "name", "sim"}  # sweep trials run in-process
+    for arm, config in configs.items():
+        c = json.loads(config)
+        assert {k: v for k, v in c.items() if k not in free} == {k: v for k, v in default.items() if k not in free}, arm
+        # where the trial runs (one in-process worker per trial) and when it evaluates may differ
+        for table, keys in (("eval", {"every"}), ("sim", {"engine", "num_workers"})):
+            assert {k: v for k, v in c[table].items() if k not in keys} == {
+                k: v for k, v in default[table].items() if k not in keys
+            }, (arm, table)
 
 
 def _check_dicesgd_is_equal_noise(configs: dict[str, str]) -> None:
@@ -145,3 +177,40 @@ def test_compare_picks_lr_on_tuning_seeds_and_pairs_the_rest():
     assert c["acc"]["mean"] == pytest.approx(0.1)
     assert tables.family("adambc+lr=0.002,seed=3") == "adambc"
     assert tables.best_family(rows, ["a", "b"], (0, 1)) == "b"  # b's best tuning mean 0.71, a's 0.805
+
+
+def test_a_sweep_with_several_claims_gives_a_row_per_claim(monkeypatch):
+    """``default_scale`` tests three claims in one sweep: one table row each, with its own pair of
+    families, its lr chosen on the one tuning seed (0) and compared on the other seeds."""
+    tables = _tables()
+    losses = {"dpsgd": 1.0, "lp_dpsgd": 1.1, "disk": 0.9, "adam": 1.2, "adambc": 1.3}  # per family, at its best lr
+    best = {"dpsgd": 0.5, "lp_dpsgd": 0.5, "disk": 1.0, "adam": 0.01, "adambc": 0.003}
+    rows = []
+    for fam, loss in losses.items():
+        for lr in (best[fam] / 2, best[fam], best[fam] * 2):
+            for seed in (0, 1, 2, 3) if lr == best[fam] else (0,):  # stage 2: seeds 1–3 at the chosen lr only
+                rows.append(
+                    {
+                        "family": fam,
+                        "lr": lr,
+                        "seed": seed,
+                        "loss": loss + (0.0 if lr == best[fam] else 0.2) + 0.01 * seed,
+                        "acc": 0.5,
+                        "epsilon": 8.0,
+                        "delta": 6e-4,
+                        "relation": "add/remove one user",
+                        "wall": 1.0,
+                    }
+                )
+    monkeypatch.setattr(tables, "read_trials", lambda folder: (rows, []))
+    res = tables.analyse("default_scale", [Path("unused")])
+    assert [(r["baseline"], r["treatment"]) for r in res["rows"]] == [("dpsgd", "disk"), ("adam", "adambc")]
+    for c in (res["main"], *res["rows"]):
+        assert c["lr"] == {c["baseline"]: best[c["baseline"]], c["treatment"]: best[c["treatment"]]}
+        assert c["eval_seeds"] == [1, 2, 3]
+        assert c["loss"]["mean"] == pytest.approx(losses[c["treatment"]] - losses[c["baseline"]])
+    assert [c["verdict"] for c in (res["main"], *res["rows"])] == ["opposite", "reproduced", "opposite"]
+    table = tables.markdown([res], tables.REGIMES).splitlines()
+    assert len(table) == 2 + 3  # header, rule, one row per claim
+    assert "DiSK (000), at the default experiment's scale" in table[3]
+    assert "DP-AdamBC (002), at the default experiment's scale" in table[4]
