@@ -44,7 +44,7 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$"
 _MARKER = re.compile(r"^\s*<!--\s*(?P<kind>not-run|slow)\s*:(?P<reason>.*?)-->\s*$")
 _LOOSE_MARKER = re.compile(r"<!--.*\b(?:not[- _]?run|no[- _]?run|skip|slow)\b", re.I)
 _TITLE = re.compile(r'\btitle="(?P<title>[^"]+)"')
-_SHRINK = re.compile(r"the test runs (?:it|them|this) with `(?P<args>[^`]+)`")
+_SHRINK = re.compile(r"the test runs (?:it|them|this) with `(?P<args>[^`]+)`", re.I)
 _SHRINKABLE = re.compile(r"^\s*fedsim\s+(?:run|sweep|audit)\b")
 
 
