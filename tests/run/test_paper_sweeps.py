@@ -79,7 +79,8 @@ def test_every_paper_spec_validates_and_has_its_papers_arms():
         }
         assert compared <= fams, (key, compared - fams)
     _check_dicesgd_is_equal_noise(found["paper_dicesgd"]["configs"])
-    _check_default_scale_is_the_default_but_the_server_step(found["default_scale"]["configs"])
+    for name in (n for n in found if n.startswith("default_scale")):  # its parts too (more lrs, more seeds)
+        _check_default_scale_is_the_default_but_the_server_step(found[name]["configs"])
 
 
 def _check_default_scale_is_the_default_but_the_server_step(configs: dict[str, str]) -> None:
