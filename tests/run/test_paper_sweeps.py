@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted(
     [
         *(ROOT / "experiments" / "sweeps").glob("paper_*.toml"),
-        *(ROOT / "experiments" / "sweeps").glob("default_scale*.toml"),
+        *(ROOT / "experiments" / "sweeps").glob("default_*.toml"),
     ]
 )
 
@@ -79,20 +79,22 @@ def test_every_paper_spec_validates_and_has_its_papers_arms():
         }
         assert compared <= fams, (key, compared - fams)
     _check_dicesgd_is_equal_noise(found["paper_dicesgd"]["configs"])
-    for name in (n for n in found if n.startswith("default_scale")):  # its parts too (more lrs, more seeds)
-        _check_default_scale_is_the_default_but_the_server_step(found[name]["configs"])
+    for name in (n for n in found if n.startswith("default_")):  # their parts too (more lrs, more seeds)
+        base = "shakespeare_gaussian" if name.startswith("default_gaussian") else None
+        _check_default_scale_is_the_default_but_the_server_step(found[name]["configs"], base)
 
 
-def _check_default_scale_is_the_default_but_the_server_step(configs: dict[str, str]) -> None:
-    """Every arm of the default-scale sweep is the bundled default experiment with only the server
-    step (optimizer, lr, filter) and the evaluation/checkpoint cadence changed: same data, model,
-    clipping, participation, mechanism and privacy target, hence the same ε."""
+def _check_default_scale_is_the_default_but_the_server_step(configs: dict[str, str], base: str | None) -> None:
+    """Every arm of a default-scale sweep is its base experiment (the bundled default, or the
+    shipped experiment ``base``) with only the server step (optimizer, lr, filter) and the
+    evaluation/checkpoint cadence changed: same data, model, clipping, participation, mechanism
+    and privacy target, hence the same ε."""
     sys.path.insert(0, str(ROOT))
     try:
         from fedsim.config import DEFAULT_EXPERIMENT, load_config
     finally:
         sys.path.remove(str(ROOT))
-    default = json.loads(load_config(DEFAULT_EXPERIMENT, ["seed=0"]).model_dump_json())
+    default = json.loads(load_config(base or DEFAULT_EXPERIMENT, ["seed=0"]).model_dump_json())
     free = {"server", "filter", "eval", "checkpoint", "name", "sim"}  # sweep trials run in-process
     for arm, config in configs.items():
         c = json.loads(config)
