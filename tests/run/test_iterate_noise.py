@@ -1,4 +1,5 @@
-"""experiments/iterate_noise.py: the noise the iterates carry, against closed forms and a simulation."""
+"""experiments/iterate_noise.py and adam_states.py: the noise the iterates and Adam's moments carry,
+against closed forms and a simulation."""
 
 from __future__ import annotations
 
@@ -44,3 +45,14 @@ def test_a_filtered_correlated_stream_matches_a_simulation():
         sim.append(np.mean(e**2))
     se = np.sqrt(2.0 / reps) * v  # std of a sample variance of a normal
     assert np.all(np.abs(np.array(sim) - v) < 5 * se), np.max(np.abs(np.array(sim) - v) / se)
+
+
+def test_adam_states_phi_recursion_is_exact_for_a_constant_noise_variance():
+    """experiments/adam_states.py: with Φ_t = Φ for every round, the bias-corrected φ_T/(1−β2^T) is Φ."""
+    spec = importlib.util.spec_from_file_location("adam_states", ROOT / "experiments" / "adam_states.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    phi, phi_hat = mod.phi_hat(np.full(150, 3e-3), 0.999)
+    assert abs(phi - 3e-3 * (1 - 0.999**150)) < 1e-15
+    assert abs(phi_hat - 3e-3) < 1e-15
