@@ -6,7 +6,7 @@ Run the sweeps first (each spec's header names its command), then::
     python experiments/paper_tables.py runs/paper_doppler runs/paper_filters_mlp runs/paper_disk \
         runs/paper_adambc runs/paper_adambc_more runs/paper_adambc_floor runs/paper_dpmf_plus \
         runs/paper_dicesgd runs/default_scale runs/default_scale_wide runs/default_scale_more runs/default_scale_sgdm \
-        runs/default_gaussian runs/default_gaussian_more [--json FILE]
+        runs/default_gaussian runs/default_gaussian_low runs/default_gaussian_more [--json FILE]
 
 For each sweep folder it reads the trials that ran as planned (``finished_as_planned``: each trial's
 ledger holds its arm's planned accounting spec), and for every arm of the paper's comparison:
