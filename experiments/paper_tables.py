@@ -145,6 +145,10 @@ PAPERS: dict[str, dict[str, Any]] = {
                 "claim": "removing the DP-noise variance from Adam's second moment beats DP-Adam, up to +3.5 pp",
                 "baseline": "adam",
                 "treatment": "adambc",
+                "why": "the moments look as under BLT noise (DP-Adam's v̂/φ̂: median 1.00, 99th percentile 1.30; 54 % "
+                "of AdamBC's coordinates at the floor; its step 3.0× DP-Adam's at the median, experiments/adam_states.py), "
+                "but here a larger step costs: DP-Adam at 3.3× its tuned lr lost 0.276 nats on seed 0 (2.7556 against "
+                "2.4795), where under BLT noise 3× was level",
             },
         ],
         "tune_seeds": (0,),
