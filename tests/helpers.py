@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import numpy as np
 import pytest
 
@@ -48,3 +52,14 @@ class CrashAfter:
 
     def close(self):
         pass
+
+
+def experiment_script(name: str) -> ModuleType:
+    """The script ``experiments/<name>.py`` imported as a module (the experiments folder is not a
+    package in the source tree), for tests of its functions."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

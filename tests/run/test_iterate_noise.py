@@ -3,22 +3,15 @@ against closed forms and a simulation."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import experiment_script
 
 
 def _script() -> Any:
-    spec = importlib.util.spec_from_file_location("iterate_noise", ROOT / "experiments" / "iterate_noise.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return experiment_script("iterate_noise")
 
 
 def test_independent_noise_without_a_filter_is_a_random_walk():
@@ -49,10 +42,6 @@ def test_a_filtered_correlated_stream_matches_a_simulation():
 
 def test_adam_states_phi_recursion_is_exact_for_a_constant_noise_variance():
     """experiments/adam_states.py: with Φ_t = Φ for every round, the bias-corrected φ_T/(1−β2^T) is Φ."""
-    spec = importlib.util.spec_from_file_location("adam_states", ROOT / "experiments" / "adam_states.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    phi, phi_hat = mod.phi_hat(np.full(150, 3e-3), 0.999)
+    phi, phi_hat = experiment_script("adam_states").phi_hat(np.full(150, 3e-3), 0.999)
     assert abs(phi - 3e-3 * (1 - 0.999**150)) < 1e-15
     assert abs(phi_hat - 3e-3) < 1e-15

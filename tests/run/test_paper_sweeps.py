@@ -3,7 +3,6 @@ trial, and ``experiments/paper_tables.py``'s statistics agree with independent c
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import experiment_script
 from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,11 +25,7 @@ SPECS = sorted(
 
 
 def _tables() -> Any:
-    spec = importlib.util.spec_from_file_location("paper_tables", ROOT / "experiments" / "paper_tables.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return experiment_script("paper_tables")
 
 
 #: run in a fresh process: the specs' plugin must register its dataset before the config schema is

@@ -5,13 +5,13 @@ names that never collide, trials that failed, and the report's text and plots.""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import experiment_script
 
 import fedsim.runner.sweep as sweep
 from fedsim.errors import FedsimError
@@ -327,11 +327,7 @@ def test_report_plots_label_the_relation_and_delta(tmp_path, monkeypatch):
 
 
 def _experiment(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return experiment_script(name)
 
 
 @pytest.mark.parametrize("name", ["mechanism_grid", "filter_ablation"])
