@@ -21,14 +21,8 @@
 # ROUNDS (default 6), SYSTEMS and BENCH_S (the benchmark's time limit, default 330 s) can be set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$(mktemp -d)}
-PY=${PYTHON:-python3}
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || {
-    echo "gpu_rows.sh: installing .whl/ failed: run benchmarks/gpu_wheels.sh here and carry .whl" >&2
-    exit 3
-}
-export PYTHONPATH="/tmp/site:$PWD:$PWD/tests" PYTHONUNBUFFERED=1 FLWR_TELEMETRY_ENABLED=0 HF_HUB_OFFLINE=1 \
-    HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 FLWR_HOME="$(mktemp -d)" RAY_TMPDIR="$(mktemp -d)"
+source benchmarks/gpu_env.sh
+export PYTHONPATH="$PYTHONPATH:$PWD/tests"  # tests/helpers.py
 { nvidia-smi -L; "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"; } \
     >"$OUT/device.txt" 2>&1
 # importlib mode: fedsim runs from the source tree here (PYTHONPATH), and pytest's default mode
