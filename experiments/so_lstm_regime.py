@@ -50,6 +50,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import paper_tables  # noqa: E402 (the shared statistics and the lr choice, beside this script)
+
 CONFIG = HERE / "stackoverflow_lstm_regime.toml"
 ADAM = ["server.beta1=0.9", "server.beta2=0.999"]
 
@@ -174,21 +177,18 @@ def run_stage(
 
 
 def chosen_lrs(rows: list[dict[str, Any]], tune_seeds: Sequence[int] = (0,)) -> dict[str, float]:
-    """Each family's lr with the lowest mean final loss over ``tune_seeds`` (a failed or non-finite
-    trial counts as +∞)."""
+    """Each family's lr with the lowest mean final loss over ``tune_seeds``, by
+    :func:`paper_tables.choose_lr` (a non-finite loss counts as +∞; a failed trial leaves its lr
+    out). A family none of whose lrs has a finite mean gets none."""
+    finished = [r for r in rows if "loss" in r]
     best: dict[str, float] = {}
-    for fam, (_, lrs) in FAMILIES.items():
-        means = {}
-        for lr in lrs:
-            vals = [
-                r.get("loss", math.inf)
-                for r in rows
-                if r["family"] == fam and r["lr"] == lr and r["seed"] in tune_seeds
-            ]
-            if len(vals) == len(tune_seeds):
-                means[lr] = sum(v if math.isfinite(v) else math.inf for v in vals) / len(vals)
-        if means and math.isfinite(min(means.values())):
-            best[fam] = min(means, key=lambda lr: means[lr])
+    for fam in FAMILIES:
+        try:
+            pick = paper_tables.choose_lr(paper_tables.grid(finished, fam), tune_seeds)
+        except ValueError:  # no lr has every tuning seed
+            continue
+        if math.isfinite(pick["means"][pick["lr"]]):
+            best[fam] = pick["lr"]
     return best
 
 
@@ -234,9 +234,6 @@ def read_rows(out: Path) -> list[dict[str, Any]]:
 
 
 def cmd_table(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(HERE))
-    import paper_tables  # the shared statistics
-
     out = Path(args.out)
     rows = read_rows(out)
     spec = {"tune_seeds": [0], "effect_loss": 0.01}
