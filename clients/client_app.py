@@ -24,6 +24,7 @@ from fedsim.data import spec_from_json
 from fedsim.deploy.nodes import node_data, node_selection
 from fedsim.models import make_model
 from fedsim.training.allocator import tune_allocator
+from fedsim.training.isolation import remember_pristine
 from fedsim.training.local import evaluate_users, train_users, train_users_ef
 from fedsim.training.vectorized import train_users_vectorized
 
@@ -70,6 +71,7 @@ def _worker(task_json: str, node_config: dict | None = None) -> tuple:
             )
             if task.use_gpu and torch.cuda.is_available():
                 model = model.to("cuda")
+            remember_pristine(model)  # before any user's data: what every user's training starts from
             _workers.clear()  # one task per process at a time
             _workers[key] = (task, data, model)
         return _workers[key]

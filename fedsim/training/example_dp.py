@@ -156,13 +156,12 @@ def local_delta_example_dp(
     """
     from opacus import GradSampleModule
 
-    from fedsim.parameters import load_flat_
+    from fedsim.training.isolation import reset_for_user
 
     params = list(model.parameters())
     dev = params[0].device
     x0 = x0.to(dev)
-    load_flat_(params, x0)
-    model.train()
+    reset_for_user(model, x0)  # nothing of the previous silo: gradients, buffers, mode
     X, Y = samples
     k = (key if key is not None else silo_key()).derive("example-dp", int(round_index), int(user))
     steps_per_epoch, rate = steps_and_rate(len(Y), batch_size, 1, max_examples)

@@ -20,7 +20,7 @@ are unaffected, so the server never has to drop a multi-user reply because of on
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from fedsim.models.softmax_head import fused_loss
 from fedsim.parameters import load_flat_ as load_flat_  # used here; re-exported for callers
 from fedsim.privacy.clipping import clip_rows, clip_vector, is_finite_norm
 from fedsim.seeding import make_generator
+from fedsim.training.isolation import fresh_copy, reset_for_user
 from fedsim.training.step_graphs import graphs_for, sgd_step
 
 
@@ -155,12 +156,11 @@ def local_delta(
     params = list(model.parameters())
     dev = params[0].device
     x0 = x0.to(dev)
-    load_flat_(params, x0)
-    model.train()
     g = make_generator(seed, "client", int(round_index), int(user))
     n = data.num_train(user)
-    if spec.local_update is not None:  # a registered hook trains; fedsim isolates and clips (caller)
-        return _hook_delta(model, params, x0, data, user, g, n, spec)
+    if spec.local_update is not None:  # a registered hook trains a fresh copy; fedsim clips (caller)
+        return _hook_delta(fresh_copy(model, x0), x0, data, user, g, n, spec)
+    reset_for_user(model, x0)  # nothing of the previous user: gradients, buffers, mode
     # the step losses are read once, at the end: a read per step would make the host wait for a
     # GPU's every step instead of queueing the next
     step_losses: list[torch.Tensor] = []
@@ -196,7 +196,6 @@ def local_delta(
 
 def _hook_delta(
     model: nn.Module,
-    params: Sequence[torch.Tensor],
     x0: torch.Tensor,
     data: FederatedData,
     user: int,
@@ -205,11 +204,12 @@ def _hook_delta(
     spec: LocalTraining,
 ) -> tuple[torch.Tensor, float, int]:
     """``(Δ, loss, samples)`` of the registered local update ``spec.local_update``
-    (:mod:`fedsim.training.local_updates`) on the user's seeded batches."""
+    (:mod:`fedsim.training.local_updates`) on the user's seeded batches. ``model`` is this user's
+    own fresh copy (`fedsim.training.isolation.fresh_copy`), dropped afterwards."""
     from fedsim.training.local_updates import LOCAL_UPDATES
 
     update = LOCAL_UPDATES.get_part(str(spec.local_update))
-    dev = params[0].device
+    dev = x0.device
     seen = [0]
 
     def batches():

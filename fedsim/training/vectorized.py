@@ -42,6 +42,7 @@ from torch.func import functional_call, vmap
 from fedsim.models import recurrent as recurrent  # re-exported: where models are sorted
 from fedsim.models.stepwise_lstm import stepwise_twin, supported
 from fedsim.seeding import make_generator, reseed
+from fedsim.training.isolation import reset_for_user
 
 #: Above this many parameters ``sim.vectorize = 'auto'`` trains a non-recurrent model user by user
 #: (arithmetic dominates anyway); ``on`` batches any size.
@@ -148,7 +149,7 @@ class _VectorizedPass:
         self.dev = next(iter(params.values())).device
         self.x0 = x0.to(self.dev)
         self.base = dict(zip(self.names, (t.view(s) for t, s in zip(torch.split(self.x0, sizes), shapes))))
-        model.train()
+        reset_for_user(model, self.x0)  # gradients, buffers and mode as no user left them
         # recurrent layers run as their vmap-able twin (same parameter names, same function)
         batched_model = stepwise_twin(model) if recurrent(model) else model
         self.step = _make_step(batched_model, dict(batched_model.named_buffers()), data)
@@ -231,6 +232,8 @@ class _VectorizedPass:
         chunk, samples = self._load(chunk)
         if not chunk:
             return
+        # buffers as the worker built them, whatever a user trained one by one before left in them
+        reset_for_user(self.model, self.x0)
         p, loss_sum, steps, seen = self._descend(chunk, samples)
         with torch.no_grad():
             flat = torch.cat([p[k].reshape(len(chunk), -1) for k in self.names], dim=1) - self.x0
@@ -261,6 +264,8 @@ def train_users_vectorized(
 ) -> tuple[torch.Tensor, list[Any]]:
     """Like :func:`fedsim.training.local.train_users` (sum of clipped deltas, per-user results), with
     users trained in groups under ``vmap``. ``spec`` is a :class:`~fedsim.training.local.LocalTraining`."""
+    if getattr(spec, "local_update", None) is not None:  # build.resolve_vectorize never asks this
+        raise ValueError("a registered local update trains each user on its own copy: it is never vectorized")
     run = _VectorizedPass(model, x0, data, round_index, seed, spec)
     groups = run.group(users)
     size = max(1, min(CHUNK, STACKED_FLOATS // max(1, x0.numel())))
