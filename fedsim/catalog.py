@@ -6,6 +6,7 @@ the repository is what the registries say, so the docs table cannot drift from t
 
 from __future__ import annotations
 
+import html
 import inspect
 import re
 from typing import Any
@@ -44,8 +45,22 @@ def _docstring_params(model: type[BaseModel]) -> dict[str, str]:
     return out
 
 
+def _cell(text: str) -> str:
+    """`text` (Markdown with single-backtick code) made safe in a table cell on both renderers: a
+    pipe outside code is escaped; a code span with a pipe becomes an HTML `<code>` with the pipe
+    as `&#124;`, since Python-Markdown shows an escaped pipe inside code as typed and GitHub
+    splits the cell at an unescaped one."""
+    parts = re.split(r"(`[^`]*`)", text)  # odd indices: the code spans
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            parts[i] = part.replace("|", "\\|")
+        elif "|" in part:
+            parts[i] = "<code>" + html.escape(part[1:-1], quote=False).replace("|", "&#124;") + "</code>"
+    return "".join(parts)
+
+
 def _default(value: Any) -> str:
-    return "—" if value is None else f"`{value!r}`".replace("|", "\\|")
+    return "—" if value is None else _cell(f"`{value!r}`")
 
 
 def options_table(model: type[BaseModel], skip: tuple[str, ...]) -> list[str]:
@@ -56,7 +71,7 @@ def options_table(model: type[BaseModel], skip: tuple[str, ...]) -> list[str]:
     for key, field in model.model_fields.items():
         if key in skip:
             continue
-        meaning = (field.description or docs.get(key, "")).replace("|", "\\|").replace("``", "`")
+        meaning = _cell((field.description or docs.get(key, "")).replace("``", "`"))
         rows.append(f"| `{key}` | {_default(field.default)} | {meaning} |")
     return rows
 
