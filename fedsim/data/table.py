@@ -85,9 +85,86 @@ def _read(root: Path) -> Any:
         kind = {".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}.get(root.suffix)
         if kind is None:
             raise FedsimError(f"data.root = {str(root)!r}: a table file is .parquet, .arrow or .csv")
-        return datasets.load_dataset(kind, data_files=str(root), split="train")
-    splits = load_hf_folder(root)
-    return datasets.concatenate_datasets(list(splits.values())) if len(splits) > 1 else next(iter(splits.values()))
+        if kind == "parquet" and _parquet_rows(root) == 0:  # datasets fails on it with a generic error
+            raise _no_rows(root)
+        quiet = datasets.logging.get_verbosity()
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its parse-error log line repeats ours
+        try:
+            ds = datasets.load_dataset(kind, data_files=str(root), split="train")
+        except Exception as e:  # datasets and pyarrow raise their own types for a file they cannot parse
+            raise FedsimError(
+                f"data.root = {str(root)!r} is not a readable {kind} table ({_innermost(e)}); "
+                f"check the file, or give a .parquet, .arrow or .csv file that its suffix describes"
+            ) from None
+        finally:
+            datasets.logging.set_verbosity(quiet)
+    else:
+        splits = load_hf_folder(root)
+        ds = datasets.concatenate_datasets(list(splits.values())) if len(splits) > 1 else next(iter(splits.values()))
+    if len(ds) == 0:
+        raise _no_rows(root)
+    return ds
+
+
+def _parquet_rows(root: Path) -> int:
+    """The rows parquet file ``root`` declares in its footer (a file that is not parquet is a
+    :class:`FedsimError` naming it)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.read_metadata(root).num_rows)
+    except Exception as e:  # pyarrow's ArrowInvalid / OSError for a file that is not parquet
+        raise FedsimError(
+            f"data.root = {str(root)!r} is not a parquet file ({_innermost(e)}); give a parquet, arrow or CSV table"
+        ) from None
+
+
+def _no_rows(root: Path) -> FedsimError:
+    return FedsimError(f"data.root = {str(root)!r}: the table has no rows; give a table with at least one row per user")
+
+
+def _innermost(e: BaseException) -> str:
+    """The first line of the deepest cause of ``e`` (what the parser actually objected to)."""
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _first_rows(bad: np.ndarray) -> str:
+    rows = np.flatnonzero(bad)
+    return f"{len(rows)} row(s), the first row {int(rows[0])}"
+
+
+def _check_finite(x: np.ndarray, features: list[str]) -> None:
+    """A NaN or infinite feature would poison every update its user sends: refused, naming it."""
+    for j, c in enumerate(features):
+        bad = ~np.isfinite(x[:, j])
+        if bad.any():
+            raise FedsimError(
+                f"data.features: column {c!r} is NaN, infinite or empty in {_first_rows(bad)}; "
+                f"fill or drop those rows first"
+            )
+
+
+def _labels(column: list[Any], name: str) -> np.ndarray:
+    """The label column as an array of integers or strings; a null, or a number that is not a
+    whole number (0.5 is not a class), is refused."""
+    nulls = np.array([v is None for v in column])
+    if nulls.any():
+        raise FedsimError(
+            f"data.label: column {name!r} is empty (null) in {_first_rows(nulls)}; label or drop those rows"
+        )
+    labels = np.asarray(column)
+    if labels.dtype.kind == "f":
+        bad = ~np.isfinite(labels) | (labels != np.round(labels))
+        if bad.any():
+            first = labels[np.flatnonzero(bad)[0]]
+            raise FedsimError(
+                f"data.label: column {name!r} holds {float(first):g}, not a class, in {_first_rows(bad)}; "
+                f"labels are whole numbers or strings"
+            )
+        labels = labels.astype(np.int64)
+    return labels
 
 
 def _partition(ds: Any, spec: TableOptions) -> list[np.ndarray]:
@@ -131,11 +208,18 @@ class LocalTable(TopOneClassification, UserCounts):
             self.x = torch.from_numpy(np.stack([np.asarray(ds[c], dtype=np.float32) for c in spec.features], axis=1))
         except (TypeError, ValueError) as e:
             raise FedsimError(f"data.features must be numeric columns ({e})") from None
-        labels = np.asarray(ds[spec.label])
+        _check_finite(self.x.numpy(), spec.features)
+        labels = _labels(ds[spec.label], spec.label)
         self.classes, y = np.unique(labels, return_inverse=True)
         self.y = torch.from_numpy(y.astype(np.int64))
         self.vocab_size = len(self.classes)
         if spec.user_column is not None:
+            nulls = [i for i, v in enumerate(ds[spec.user_column]) if v is None]
+            if nulls:
+                raise FedsimError(
+                    f"data.user_column = {spec.user_column!r} is empty (null) in {len(nulls)} row(s), the first "
+                    f"row {nulls[0]}; give those rows a user, or drop them (they would be one user otherwise)"
+                )
             owner = np.asarray([str(v) for v in ds[spec.user_column]])
             distinct, inverse = np.unique(owner, return_inverse=True)
             rows = [np.flatnonzero(inverse == u) for u in range(len(distinct))]

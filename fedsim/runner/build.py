@@ -676,6 +676,13 @@ def _population(cfg: Config, deployment: Deployment | None, view: AuditView | No
     return view.apply(loaded)
 
 
+#: The note of a run whose users hold no held-out rows.
+NO_TEST_ROWS = (
+    "no test rows: nothing evaluated (no user holds a held-out row: data.test_fraction = 0, or one row per "
+    "user); raise data.test_fraction, or give users more rows, to get an eval accuracy"
+)
+
+
 def _run_notes(cfg: Config, observed: int, deployment: Deployment | None) -> list[str]:
     """The caveats printed in the header and kept with every ε of the ledger; ``observed``: the
     users the data hold (canaries included)."""
@@ -769,6 +776,9 @@ def build_run(
         synthetic.bind(first_id=pop, dim=prep.num_params)
     eval_users = choose_eval_users(cfg, pop if view is None else len(ordinary_users(data)))
     majority = data.majority_baseline(eval_users, cfg.eval.max_examples_per_user) if eval_users else None
+    if eval_users and deployment is None and not any(data.num_test(u) for u in eval_users):
+        notes.append(NO_TEST_ROWS)  # say so, rather than print an empty accuracy and a 0 % baseline
+        majority = None
     return Run(
         cfg=cfg,
         resolved=resolved,

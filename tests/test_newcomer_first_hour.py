@@ -1,0 +1,140 @@
+"""A newcomer's first hour (issue 47): every bad input the review met is one `fedsim: error:`
+line saying what to change, or a note saying what was done — never a traceback, never a silent
+result. Each test is one reported case, as a user met it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import run_cli
+
+N_ROWS = 60
+
+
+def _one_line_error(code, err, *needles):
+    assert code == 2, (code, err)
+    lines = [ln for ln in err.strip().splitlines() if ln]
+    assert len(lines) == 1 and lines[0].startswith("fedsim: error:"), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def _columns(**change):
+    rng = np.random.default_rng(0)
+    cols = {
+        "u": [f"a{i % 6}" for i in range(N_ROWS)],
+        "f0": rng.normal(size=N_ROWS),
+        "f1": rng.normal(size=N_ROWS),
+        "y": rng.integers(0, 3, N_ROWS),
+    }
+    return {**cols, **change}
+
+
+def _table_args(root, *extra):
+    keys = [
+        "name='t'",
+        "rounds=1",
+        "data.name='table'",
+        f"data.root='{root}'",
+        "data.features=['f0','f1']",
+        "data.label='y'",
+        "data.user_column='u'",
+        "model.name='logreg'",
+        "sampling.scheme='poisson'",
+        "sampling.cohort_size=2",
+        "privacy.mechanism='gaussian'",
+        "privacy.noise_multiplier=1.0",
+        "sim.engine='inprocess'",
+        "sim.num_workers=1",
+        *extra,
+    ]
+    return [a for k in keys for a in ("--set", k)]
+
+
+def _run_table(capsys, tmp_path, table, *extra):
+    """`fedsim run` on `table` (a pyarrow table, or a path already written)."""
+    root = table if not isinstance(table, pa.Table) else tmp_path / "t.parquet"
+    if isinstance(table, pa.Table):
+        pq.write_table(table, root)
+    return run_cli(capsys, "run", "--out", str(tmp_path / "run"), "--quiet", *_table_args(root, *extra))
+
+
+def test_a_table_with_no_rows_is_one_line(capsys, tmp_path):
+    empty = pa.table(
+        {
+            "u": pa.array([], pa.string()),
+            "f0": pa.array([], pa.float64()),
+            "f1": pa.array([], pa.float64()),
+            "y": pa.array([], pa.int64()),
+        }
+    )
+    code, _, err = _run_table(capsys, tmp_path, empty)
+    _one_line_error(code, err, "the table has no rows")
+    assert not (tmp_path / "run").exists()
+
+
+def test_garbage_bytes_named_parquet_are_one_line(capsys, tmp_path):
+    bad = tmp_path / "t.parquet"
+    bad.write_bytes(bytes(range(256)) * 3)
+    code, _, err = _run_table(capsys, tmp_path, bad)
+    _one_line_error(code, err, "is not a parquet file", str(bad))
+
+
+def test_a_malformed_csv_is_one_line_naming_the_parser_s_complaint(capsys, tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text('u,f0,f1,y\na,1,2,0\nb,"3,4\n')
+    code, _, err = _run_table(capsys, tmp_path, bad)
+    _one_line_error(code, err, "is not a readable csv table", "EOF inside string")
+
+
+def test_a_null_label_is_refused_naming_the_row(capsys, tmp_path):
+    y = [None] + [float(v) for v in _columns()["y"][1:]]
+    code, _, err = _run_table(capsys, tmp_path, pa.table(_columns(y=y)))
+    _one_line_error(code, err, "data.label", "null", "first row 0")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_features_are_refused_not_reported_as_zero_nonfinite_users(capsys, tmp_path, bad):
+    f1 = _columns()["f1"].copy()
+    f1[7] = bad
+    code, _, err = _run_table(capsys, tmp_path, pa.table(_columns(f1=f1)))
+    _one_line_error(code, err, "'f1'", "first row 7")
+
+
+def test_a_fractional_label_is_refused(capsys, tmp_path):
+    y = [float(v) for v in _columns()["y"]]
+    y[4] = 0.5
+    code, _, err = _run_table(capsys, tmp_path, pa.table(_columns(y=y)))
+    _one_line_error(code, err, "holds 0.5, not a class", "first row 4")
+
+
+def test_whole_number_float_labels_are_still_classes(tmp_path):
+    from fedsim.data.table import TableOptions, load_table
+
+    cols = _columns()
+    pq.write_table(pa.table(_columns(y=[float(v) for v in cols["y"]])), tmp_path / "t.parquet")
+    table = load_table(
+        TableOptions(root=str(tmp_path / "t.parquet"), features=["f0", "f1"], label="y", user_column="u")
+    )
+    assert table.classes.tolist() == sorted(set(cols["y"].tolist()))
+    assert table.y.tolist() == [int(v) for v in cols["y"]]  # classes 0, 1, 2 keep their numbers
+
+
+def test_null_user_ids_are_refused_not_grouped_into_one_user(capsys, tmp_path):
+    u = [None] * 10 + _columns()["u"][10:]
+    code, _, err = _run_table(capsys, tmp_path, pa.table(_columns(u=u)))
+    _one_line_error(code, err, "data.user_column", "10 row(s)")
+
+
+@pytest.mark.parametrize("how", ["one_row_per_user", "test_fraction_0"])
+def test_nothing_evaluated_is_said(capsys, tmp_path, how):
+    if how == "one_row_per_user":
+        table, extra = pa.table(_columns(u=[f"a{i}" for i in range(N_ROWS)])), ()
+    else:
+        table, extra = pa.table(_columns()), ("data.test_fraction=0.0",)
+    code, out, err = _run_table(capsys, tmp_path, table, *extra)
+    assert code == 0, err
+    assert "note: no test rows: nothing evaluated" in out
+    assert "majority class 0.00%" not in out  # the empty baseline is no longer printed
