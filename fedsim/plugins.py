@@ -1,19 +1,19 @@
 """Plugins: user code that registers parts (models, datasets, filters, optimizers, mechanisms)
 before fedsim builds its config schema from the registries.
 
-A plugin is a module name (``my_package.my_module``, importable from ``sys.path``) or a Python
-file (``path/to/parts.py``; in a config file a relative path is taken from the file's folder,
-elsewhere from the current directory; it is recorded absolute). Three ways to load one, all before ``fedsim.config`` builds its schema:
+A plugin is a module name (`my_package.my_module`, importable from `sys.path`) or a Python
+file (`path/to/parts.py`; in a config file a relative path is taken from the file's folder,
+elsewhere from the current directory; it is recorded absolute). Three ways to load one, all before `fedsim.config` builds its schema:
 
-- the config key ``plugins = [...]``: every fedsim entry point that reads a config (the CLI, the
+- the config key `plugins = [...]`: every fedsim entry point that reads a config (the CLI, the
   Python API, a resume, the deployed ServerApp) imports them first;
-- the environment variable ``FEDSIM_PLUGINS`` (``os.pathsep``-separated): fedsim sets it once a
+- the environment variable `FEDSIM_PLUGINS` (`os.pathsep`-separated): fedsim sets it once a
   config's plugins are loaded, so every process the run starts — Ray workers, Tune trials —
   imports them too; an operator sets it for a SuperNode;
-- the entry-point group ``fedsim.plugins`` of installed packages.
+- the entry-point group `fedsim.plugins` of installed packages.
 
-A plugin that fails to import, or registers a name twice, is a one-line :class:`FedsimError`
-naming it. A plugin must not import ``fedsim.config`` itself (the schema is built after it).
+A plugin that fails to import, or registers a name twice, is a one-line `FedsimError`
+naming it. A plugin must not import `fedsim.config` itself (the schema is built after it).
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ _startup_done = False
 
 
 def is_file(spec: str) -> bool:
-    """Whether ``spec`` names a Python file rather than a module."""
+    """Whether `spec` names a Python file rather than a module."""
     return spec.endswith(".py") or os.sep in spec or "/" in spec
 
 
 def resolve(spec: str) -> str:
-    """``spec`` as recorded: a module name unchanged, a file path absolute."""
+    """`spec` as recorded: a module name unchanged, a file path absolute."""
     if not isinstance(spec, str) or not spec.strip():
         raise FedsimError(f"plugins: {spec!r} is not a module name or a .py file path")
     return str(Path(spec).expanduser().resolve()) if is_file(spec) else spec.strip()
@@ -70,8 +70,8 @@ def _import_file(path: str) -> str:
 
 
 def load(specs: Iterable[str], origin: str) -> list[str]:
-    """Import each plugin of ``specs`` once (``origin`` says where they were listed, for errors);
-    return them as recorded. Adds them to ``FEDSIM_PLUGINS`` for the processes started later."""
+    """Import each plugin of `specs` once (`origin` says where they were listed, for errors);
+    return them as recorded. Adds them to `FEDSIM_PLUGINS` for the processes started later."""
     out = []
     for raw in specs:
         spec = resolve(raw)
@@ -102,7 +102,7 @@ def load(specs: Iterable[str], origin: str) -> list[str]:
 
 
 def digest(spec: str) -> str:
-    """The SHA-256 of plugin file ``spec`` (hex), or ``""`` for a module name or a missing file."""
+    """The SHA-256 of plugin file `spec` (hex), or `""` for a module name or a missing file."""
     p = Path(spec)
     return hashlib.sha256(p.read_bytes()).hexdigest() if is_file(spec) and p.is_file() else ""
 
@@ -114,8 +114,8 @@ def manifest(specs: Iterable[str] | None) -> list[dict[str, str]]:
 
 
 def require(items: Iterable[dict[str, str]], where: str) -> None:
-    """Load the plugins of a run's :func:`manifest` in this process (``where`` names it for
-    errors, e.g. ``"this SuperNode"``). A plugin already loaded here, by spec or by the same file
+    """Load the plugins of a run's `manifest` in this process (`where` names it for
+    errors, e.g. `"this SuperNode"`). A plugin already loaded here, by spec or by the same file
     contents, counts as loaded; a file missing here, or different from the server's, is an error
     that says how to provide it."""
     load_startup()
@@ -135,7 +135,7 @@ def require(items: Iterable[dict[str, str]], where: str) -> None:
 
 
 def ray_env_vars() -> dict[str, str]:
-    """The environment a Ray job's workers need for this process's plugins (``FEDSIM_PLUGINS``
+    """The environment a Ray job's workers need for this process's plugins (`FEDSIM_PLUGINS`
     when set): a cluster joined by address starts its workers from its own environment, not
     from this process's."""
     return {ENV: os.environ[ENV]} if os.environ.get(ENV) else {}
@@ -147,8 +147,8 @@ def _export() -> None:
 
 
 def load_startup() -> None:
-    """Load the plugins of ``FEDSIM_PLUGINS`` and of the ``fedsim.plugins`` entry points (once per
-    process; ``fedsim.config`` calls it before building its schema)."""
+    """Load the plugins of `FEDSIM_PLUGINS` and of the `fedsim.plugins` entry points (once per
+    process; `fedsim.config` calls it before building its schema)."""
     global _startup_done
     if _startup_done:
         return
@@ -172,8 +172,18 @@ def load_startup() -> None:
 
 
 def relative_to(raw: Any, folder: Path) -> Any:
-    """``raw`` with the relative file paths of its ``plugins`` taken from ``folder`` (a config
-    file's own folder), so that a config names its plugins wherever fedsim is started from."""
+    """`raw` with the relative file paths of its `plugins`, `data.root` and
+    `data.cache_dir` taken from `folder` (a config file's own folder), so that a config names
+    its plugins and its data wherever fedsim is started from (`--set` paths stay relative to the
+    current folder, as a shell's are)."""
+    data = raw.get("data") if isinstance(raw, dict) else None
+    if isinstance(data, dict):
+        paths = {
+            k: str(folder / v)
+            for k, v in data.items()
+            if k in ("root", "cache_dir") and isinstance(v, str) and v and not Path(v).expanduser().is_absolute()
+        }
+        raw = {**raw, "data": {**data, **paths}}
     if not isinstance(raw, dict) or not isinstance(raw.get("plugins"), list):
         return raw
     specs = [
@@ -184,7 +194,7 @@ def relative_to(raw: Any, folder: Path) -> Any:
 
 
 def of_table(raw: Any, origin: str) -> Any:
-    """Load the plugins a raw config table lists (``plugins = [...]``), before the schema is
+    """Load the plugins a raw config table lists (`plugins = [...]`), before the schema is
     built; returns the table with their specs as recorded (file paths absolute)."""
     if not isinstance(raw, dict) or "plugins" not in raw:
         return raw
@@ -195,7 +205,7 @@ def of_table(raw: Any, origin: str) -> Any:
 
 
 def _toml(p: Path) -> dict[str, Any] | None:
-    """The table of TOML file ``p``, or None when it is missing or unreadable (the config loader
+    """The table of TOML file `p`, or None when it is missing or unreadable (the config loader
     reports those, with its own message)."""
     if p.suffix != ".toml" or not p.is_file():
         return None
@@ -206,7 +216,7 @@ def _toml(p: Path) -> dict[str, Any] | None:
 
 
 def of_file(path: str | Path | None) -> None:
-    """Load the plugins listed in the config file ``path``, or in the shipped experiment it names
+    """Load the plugins listed in the config file `path`, or in the shipped experiment it names
     (None, a missing or unreadable file: nothing; the config loader reports those)."""
     from fedsim.shipped import resolve_experiment
 
@@ -219,8 +229,8 @@ def of_file(path: str | Path | None) -> None:
 
 
 def of_sweep(spec: str | Path | None, resume: str | Path | None = None) -> None:
-    """Load the plugins of a sweep: its base config's (``sweep.config``, relative to the spec), or
-    for a resumed sweep those of the base table recorded in its ``plan.json``."""
+    """Load the plugins of a sweep: its base config's (`sweep.config`, relative to the spec), or
+    for a resumed sweep those of the base table recorded in its `plan.json`."""
     if resume is not None:
         plan = Path(resume) / "plan.json"
         if plan.is_file():

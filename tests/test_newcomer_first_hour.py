@@ -138,3 +138,46 @@ def test_nothing_evaluated_is_said(capsys, tmp_path, how):
     assert code == 0, err
     assert "note: no test rows: nothing evaluated" in out
     assert "majority class 0.00%" not in out  # the empty baseline is no longer printed
+
+
+def test_a_config_s_relative_data_root_is_taken_from_the_config_s_folder(capsys, tmp_path, monkeypatch):
+    """The own-data how-to's TOML, run from another folder: `root = "mine.parquet"` is the file
+    beside the config (as `plugins` are), and a missing one is named with that rule."""
+    home = tmp_path / "project"
+    home.mkdir()
+    pq.write_table(pa.table(_columns()), home / "mine.parquet")
+    toml = "\n".join(
+        [
+            'name = "mine"',
+            "rounds = 1",
+            "[data]",
+            'name = "table"',
+            'root = "mine.parquet"',
+            'features = ["f0", "f1"]',
+            'label = "y"',
+            'user_column = "u"',
+            "[model]",
+            'name = "logreg"',
+            "[sampling]",
+            'scheme = "poisson"',
+            "cohort_size = 2",
+            "[privacy]",
+            'mechanism = "gaussian"',
+            "noise_multiplier = 1.0",
+            "[sim]",
+            'engine = "inprocess"',
+            "num_workers = 1",
+        ]
+    )
+    (home / "mine.toml").write_text(toml)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out, err = run_cli(capsys, "run", str(home / "mine.toml"), "--out", "r", "--quiet")
+    assert code == 0, err
+    assert "population: 6" in (elsewhere / "r" / "summary.json").read_text().replace('"', "").replace(",", "")
+    (home / "mine.toml").write_text(toml.replace("mine.parquet", "missing.parquet"))
+    code, _, err = run_cli(capsys, "run", str(home / "mine.toml"), "--out", "r2", "--quiet")
+    _one_line_error(
+        code, err, str(home / "missing.parquet"), "does not exist", "config file is taken from that file's folder"
+    )

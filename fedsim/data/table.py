@@ -81,6 +81,11 @@ def _read(root: Path) -> Any:
     from fedsim.data.hf_local import load_hf_folder
 
     datasets.disable_progress_bars()
+    if not root.exists():
+        raise FedsimError(
+            f"data.root = {str(root)!r} does not exist; give the table's path (a relative data.root in a config "
+            f"file is taken from that file's folder, one given with --set from the current folder)"
+        )
     if root.is_file():
         kind = {".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}.get(root.suffix)
         if kind is None:
