@@ -198,6 +198,9 @@ class Checkpointer(RunCallback):
         #: the round of the last checkpoint written by this process (None: none yet).
         self.saved: int | None = None
         self.releases: ReleaseLog | None = None
+        #: :func:`population_sha256` of the run's users, computed once in :meth:`on_start` (the
+        #: population cannot change mid-run, so no checkpoint hashes it again).
+        self.population_digest: str | None = None
 
     @staticmethod
     def restore(run: Run, ckpt: dict[str, Any], out: Path) -> None:
@@ -227,6 +230,7 @@ class Checkpointer(RunCallback):
     def on_start(self, run: Run, out: Path, resumed: bool) -> None:
         self.run, self.out = run, out
         self.releases = ReleaseLog(out / "checkpoint")
+        self.population_digest = population_sha256(run.data.names)
 
     def on_dispatch(self, r: int, users: list[int]) -> None:
         """Round ``r`` asks ``users`` to train (called before the messages go): with example-level
@@ -280,21 +284,25 @@ class Checkpointer(RunCallback):
                 "wall_seconds": time.perf_counter() - self.t_start,
                 "config": run.resolved.model_dump(mode="json"),
                 "engine": run_engine(run),
-                "population_sha256": population_sha256(run.data.names),
+                "population_sha256": self.population_digest,
             },
         )
         self.saved = r
         self.ledger.write(settle=settle)
 
     def on_round_end(self, row: dict[str, Any]) -> None:
+        """Checkpoint round ``row["round"]`` when it is due, and add the checkpoint's time to the
+        row's ``seconds`` (this callback runs before any that writes the row)."""
         assert self.run is not None
         r = row["round"]
+        t0 = time.perf_counter()
         if self.saved == r:  # checkpointed before its model left the server
             if _has_evaluation(row):  # keep the row with its evaluation
                 self.save(r, row=row)
-            return
-        if r % self.run.cfg.checkpoint.every == 0 or r == self.run.cfg.rounds or irregular(row):
+        elif r % self.run.cfg.checkpoint.every == 0 or r == self.run.cfg.rounds or irregular(row):
             self.save(r, row=row)
+        if "seconds" in row:
+            row["seconds"] = float(row["seconds"]) + (time.perf_counter() - t0)
 
     def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
         if status == "stopped" and self.run is not None:
