@@ -18,6 +18,7 @@ shells around them: ``fedsim run`` is :func:`run`, ``fedsim privacy`` :func:`pri
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: Se
     overrides : ``dotted.key=value`` items (TOML values), applied in order, as ``--set``.
         Default none.
     """
+    _check_arguments(source, overrides)
     from fedsim import plugins
 
     if not isinstance(source, dict):
@@ -52,6 +54,25 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: Se
     from fedsim import config as c
 
     return c.config_from_dict(c.apply_overrides(raw, list(overrides)))
+
+
+def _check_arguments(config: Any = None, overrides: Any = (), force: Any = (), **paths: Any) -> None:
+    """One-line errors for arguments of the wrong type, before anything is imported or read
+    (`run(123)`, `run(out=123)`, `overrides="rounds=1"`, which would be read one character at a
+    time)."""
+    if config is not None and not isinstance(config, (str, Path, dict)) and type(config).__name__ != "Config":
+        raise FedsimError(
+            f"config: give a TOML file's path, a shipped experiment's name, a dict or a loaded config, "
+            f"not {type(config).__name__} {config!r}"
+        )
+    for name, value in paths.items():
+        if value is not None and not isinstance(value, (str, Path)):
+            raise FedsimError(f"{name}: give a folder's path (str or Path), not {type(value).__name__} {value!r}")
+    for name, items in (("overrides", overrides), ("force", force)):
+        if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) for x in items):
+            raise FedsimError(
+                f"{name}: give a list of 'dotted.key=value' strings, e.g. {name}=['rounds=1'], not {items!r}"
+            )
 
 
 def _as_config(config: ConfigLike, overrides: Sequence[str] = ()) -> Any:
@@ -126,7 +147,7 @@ def run(
     overrides: Sequence[str] = (),
     resume: str | Path | None = None,
     force: Sequence[str] = (),
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> RunResult:
     """Train an experiment and write its run folder (``fedsim run``).
 
@@ -138,8 +159,13 @@ def run(
     resume : a run folder to continue from its checkpoint (bit-identical to an uninterrupted
         run); ``config`` may then be None (the folder's own), and ``force`` lists the keys that
         may differ (as ``fedsim run --resume --force``).
-    progress : print the header and progress line. Default False.
+    progress : print the header and a progress line per round. Default None: print them when
+        standard output is a terminal (an interactive session), not into a file or a pipe;
+        True or False to choose.
     """
+    _check_arguments(config, overrides, force, out=out, resume=resume)
+    if progress is None:  # a person at a terminal sees the rounds go by; a script's log stays clean
+        progress = sys.stdout.isatty()
     from fedsim.runner import run_experiment
 
     if resume is not None:

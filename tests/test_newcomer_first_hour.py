@@ -181,3 +181,105 @@ def test_a_config_s_relative_data_root_is_taken_from_the_config_s_folder(capsys,
     _one_line_error(
         code, err, str(home / "missing.parquet"), "does not exist", "config file is taken from that file's folder"
     )
+
+
+SMALL = [
+    "data.name='synthetic'",
+    "data.num_clients=12",
+    "model.name='logreg'",
+    "sampling.scheme='poisson'",
+    "sampling.cohort_size=4",
+    "privacy.mechanism='gaussian'",
+    "privacy.noise_multiplier=1.0",
+    "rounds=2",
+    "eval.every=0",
+    "sim.engine='inprocess'",
+    "sim.num_workers=1",
+]
+
+
+def test_a_diverging_learning_rate_is_warned_about(capsys, tmp_path):
+    args = [a for s in [*SMALL, "client.lr=1e30"] for a in ("--set", s)]
+    code, out, err = run_cli(capsys, "run", "--out", str(tmp_path / "run"), "--quiet", *args)
+    assert code == 0, err
+    assert "note: training diverged: the train loss is" in out and "lower client.lr" in out
+    args = [a for s in SMALL for a in ("--set", s)]
+    code, out, err = run_cli(capsys, "run", "--out", str(tmp_path / "fine"), "--quiet", *args)
+    assert code == 0 and "diverged" not in out  # the default learning rate is not flagged
+
+
+@pytest.mark.parametrize(
+    "call, needle",
+    [
+        (lambda f: f.run(123), "config: give a TOML file's path"),
+        (lambda f: f.run(None, out=123), "out: give a folder's path"),
+        (lambda f: f.run(None, resume=4.5), "resume: give a folder's path"),
+        (lambda f: f.run(None, overrides="rounds=1"), "overrides: give a list of 'dotted.key=value' strings"),
+        (lambda f: f.load_config(None, "rounds=1"), "overrides: give a list"),
+        (lambda f: f.privacy_report(None, overrides="rounds=1"), "overrides: give a list"),
+        (lambda f: f.register_model("x"), "register_model takes a fedsim.models.ModelKind"),
+    ],
+    ids=["run-123", "out-123", "resume-float", "overrides-str", "load_config-str", "privacy-str", "register-str"],
+)
+def test_api_arguments_of_the_wrong_type_are_one_fedsim_error(call, needle):
+    import fedsim
+
+    with pytest.raises(fedsim.FedsimError, match=None) as e:
+        call(fedsim)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_model_with_no_parameters_or_too_many_logits_is_refused(tmp_path):
+    """In a fresh interpreter, as a user's script (models register before the schema is built)."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    cfg = {
+        "name": "t",
+        "rounds": 1,
+        "data": {"name": "synthetic", "num_clients": 12},
+        "sampling": {"scheme": "poisson", "cohort_size": 4},
+        "privacy": {"mechanism": "gaussian", "noise_multiplier": 1.0},
+        "sim": {"engine": "inprocess", "num_workers": 1},
+    }
+    script = textwrap.dedent(
+        f"""
+        import json, torch
+        import fedsim
+        from fedsim.models import ModelKind
+
+        class Empty(torch.nn.Module):
+            def __init__(self, in_features, num_classes, dp_layers=False):
+                super().__init__()
+            def forward(self, x):
+                return x
+
+        class Wide(torch.nn.Module):
+            def __init__(self, in_features, num_classes, dp_layers=False):
+                super().__init__()
+                self.lin = torch.nn.Linear(in_features, num_classes + 3)
+            def forward(self, x):
+                return self.lin(x)
+
+        fedsim.register_model(ModelKind("empty", "vector", Empty, {{}}, "no parameters"))
+        fedsim.register_model(ModelKind("wide", "vector", Wide, {{}}, "3 logits too many"))
+        errors = []
+        for name in ("empty", "wide"):
+            cfg = {json.dumps(cfg)}
+            cfg["model"] = {{"name": name}}
+            try:
+                fedsim.run(cfg, {str(tmp_path)!r} + "/" + name, progress=False)
+                errors.append(None)
+            except fedsim.FedsimError as e:
+                errors.append(str(e))
+        print(json.dumps(errors))
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    empty, wide = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "model.name = 'empty' (Empty) has no trainable parameters" in empty
+    assert "emits 13 logits per sample, but the data have 10 classes" in wide
+    assert not (tmp_path / "empty").exists() and not (tmp_path / "wide").exists()

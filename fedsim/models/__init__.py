@@ -245,6 +245,11 @@ MODELS: Registry[ModelKind] = Registry("model", "model.name")
 
 def register_model(kind: ModelKind) -> ModelKind:
     """Register ``kind`` under its name."""
+    if not isinstance(kind, ModelKind):
+        raise FedsimError(
+            f"register_model takes a fedsim.models.ModelKind(name, task, cls, kwargs, summary), not "
+            f"{type(kind).__name__} {kind!r}"
+        )
     return MODELS.add(kind.name, kind)
 
 
@@ -302,7 +307,13 @@ def make_model(name: str, dims: int | dict[str, int], seed: int = 0, dp_layers: 
         )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return cls(**dims, **kwargs, dp_layers=dp_layers)
+        model = cls(**dims, **kwargs, dp_layers=dp_layers)
+    if not isinstance(model, nn.Module) or not any(p.requires_grad for p in model.parameters()):
+        raise FedsimError(
+            f"model.name = {name!r} ({getattr(cls, '__name__', cls)}) has no trainable parameters: federated "
+            f"training updates a model's parameters; give the module at least one nn.Parameter (e.g. a nn.Linear)"
+        )
+    return model
 
 
 def recurrent(model: nn.Module) -> bool:

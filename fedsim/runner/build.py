@@ -314,6 +314,32 @@ class Prepared:
     recurrent: bool = False
 
 
+def _check_output_width(cfg: Config, data: Any, model: torch.nn.Module) -> None:
+    """A classifier must emit one logit per class: more would train and evaluate silently over
+    classes that do not exist, fewer fail inside the loss. Checked on one training sample of the
+    first user that has one (a deployment's census has no samples: not checked there)."""
+    from fedsim.data.base import TopOneClassification
+
+    if not isinstance(data, TopOneClassification) or not hasattr(data, "train_samples"):
+        return
+    user = next((u for u in range(data.population) if data.num_train(u) > 0), None)
+    if user is None:
+        return
+    x, _ = data.train_samples(user, np.zeros(1, dtype=np.int64))
+    try:
+        with torch.no_grad():
+            width = model.eval()(x).shape[-1]
+    except Exception:  # a model that fails on the data is reported where it trains
+        return
+    finally:
+        model.train()
+    if width != data.vocab_size:
+        raise FedsimError(
+            f"model.name = {cfg.model.name!r} emits {width} logits per sample, but the data have "
+            f"{data.vocab_size} classes; build the output layer with the num_classes the model is given"
+        )
+
+
 def prepare(cfg: Config, extra_users: int = 0, data: Population | None = None) -> Prepared:
     """Load data, validate against the population and resolve privacy; raises
     :class:`FedsimError` before anything starts.
@@ -332,6 +358,7 @@ def prepare(cfg: Config, extra_users: int = 0, data: Population | None = None) -
     model = make_model(
         cfg.model.name, data.model_dims(), seed=derive_seed(cfg.seed, "model"), dp_layers=cfg.privacy.unit == "example"
     )
+    _check_output_width(cfg, data, model)
     x0 = parameters_to_vector(model.parameters()).detach().to(torch.float32)
     if cfg.client.error_feedback == "client":
         from fedsim.training.error_feedback import check_memory

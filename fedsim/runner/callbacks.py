@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -81,14 +82,25 @@ class MetricsFile(RunCallback):
         self.publish = True
         self.last_eval: float | None = None
         self.last_eval_metrics: dict[str, float] | None = None
+        #: the summary's warnings about the rows (training that diverged)
+        self.warnings: list[str] = []
+        self.diverged_above = math.inf
 
     def _note_eval(self, row: dict[str, Any]) -> None:
         if row.get("eval_accuracy") is not None:
             self.last_eval = row["eval_accuracy"]
             self.last_eval_metrics = _eval_metrics(row)
+        loss = row.get("train_loss")
+        if loss is not None and not self.warnings and not float(loss) <= self.diverged_above:
+            self.warnings.append(
+                f"training diverged: the train loss is {float(loss):.3g} in round {row['round']}, over "
+                f"{self.diverged_above:.3g} (100 × ln(classes), a hundred times a uniform guess's loss); the model "
+                f"is not learning: lower client.lr (or server.lr), or check the data's scale"
+            )
 
     def on_start(self, run: Run, out: Path, resumed: bool) -> None:
         self.publish = run.publish
+        self.diverged_above = 100 * math.log(max(int(getattr(run.data, "vocab_size", 2)), 2))
         if resumed:
             for row in _truncate_lines(out / "metrics.jsonl", run.server.round):
                 self._note_eval(row)

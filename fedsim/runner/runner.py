@@ -327,7 +327,7 @@ def make_summary(run: Run, metrics: MetricsFile, wall_seconds: float) -> dict[st
         "error_feedback": run.ef,
         "unit": cfg.privacy.unit,
         "example_epsilon_max": None if run.ledger.silo is None else run.ledger.silo.max_epsilon,
-        "notes": run.notes,
+        "notes": run.notes + metrics.warnings,
         "neighboring_relation": spec.neighboring_relation,
         "assignment": spec.assignment,
         "mechanism": spec.mechanism,
