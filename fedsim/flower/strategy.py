@@ -1,23 +1,23 @@
-"""User-level DP with correlated (MF) noise around any Flower strategy: :class:`UserLevelDP`.
+"""User-level DP with correlated (MF) noise around any Flower strategy: `UserLevelDP`.
 
-One Flower node is one user. Round ``t`` (docs/algorithms.md §1, the same steps as fedsim's own
+One Flower node is one user. Round `t` (docs/algorithms.md §1, the same steps as fedsim's own
 runs, built by the same code):
 
 1. The wrapper — not the wrapped strategy — picks the round's nodes with fedsim's cohort sampler,
-   which enforces the participation scheme (Poisson, or keyed ``epochs``/``min_sep``/``single``
+   which enforces the participation scheme (Poisson, or keyed `epochs`/`min_sep`/`single`
    groups) on each node's stable identity.
-2. Each chosen node gets the wrapped strategy's train message (its model ``x_t`` and config).
-3. Each reply's update ``Δ_i = y_i − x_t`` is checked and clipped to ``c`` on the server
-   (:class:`fedsim.server.aggregation.UpdateAggregator`), whether or not the node clipped it first.
-4. :class:`fedsim.server.step.DPServer` adds the mechanism's noise row ``c·z·sens·n_t``, divides by the
-   fixed ``K̄`` (never the number of replies), applies the optional fedsim filter (DOPPLER, EMA,
-   DiSK look-ahead) and optimizer (``sgd`` with ``lr = 1`` by default: ``x_t + ĝ_t``; DP-AdamBC
-   with its exact ``Φ_t``), and records ε in the ledger.
+2. Each chosen node gets the wrapped strategy's train message (its model `x_t` and config).
+3. Each reply's update `Δ_i = y_i − x_t` is checked and clipped to `c` on the server
+   (`fedsim.server.aggregation.UpdateAggregator`), whether or not the node clipped it first.
+4. `fedsim.server.step.DPServer` adds the mechanism's noise row `c·z·sens·n_t`, divides by the
+   fixed `K̄` (never the number of replies), applies the optional fedsim filter (DOPPLER, EMA,
+   DiSK look-ahead) and optimizer (`sgd` with `lr = 1` by default: `x_t + ĝ_t`; DP-AdamBC
+   with its exact `Φ_t`), and records ε in the ledger.
 5. Only the result reaches the wrapped strategy, as the one and only reply of the round with
    weight 1. Its aggregation and server optimizer (FedAvg, FedAdam, …) are post-processing, and
    sample-count weighting has nothing to weigh: one user's data cannot change another's weight.
 
-The noised model is written to the checkpoint (``out``) before it is returned, so it is saved
+The noised model is written to the checkpoint (`out`) before it is returned, so it is saved
 before it leaves the server: a resumed run continues with the next noise row and never sends a
 round twice with the same noise.
 """
@@ -26,22 +26,25 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import tomli_w
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from fedsim.checkpoint import load_checkpoint, save_checkpoint
 from fedsim.config import Config, config_from_dict
 from fedsim.errors import FedsimError
 from fedsim.flower.arrays import Layout
+from fedsim.flower.driver import WITHHELD, GuardedGrid, driver_of, real_grid, refuse_unsafe, unseal
 from fedsim.flower.identity import Census
 from fedsim.flower.mod import KEY_CLIP_NORM
 from fedsim.flower.replies import screen_and_sum
@@ -56,6 +59,11 @@ from fedsim.server.step import DPServer
 _FIXED_ON_RESUME = ("rounds", "client", "clipping", "sampling", "privacy")
 
 
+#: Below this many users the wrapper warns (and notes in the ledger) that the guarantee means
+#: little: the default δ = N^-1.1 is then above 0.0063, and one user is over 1% of every mean.
+SMALL_POPULATION = 100
+
+
 def _settings(
     rounds: int,
     population: int,
@@ -64,8 +72,9 @@ def _settings(
     sampling: dict[str, Any] | None,
     filter: dict[str, Any] | None,
     optimizer: dict[str, Any] | None,
-) -> Config:
-    """The wrapper's settings as a fedsim config (validated by the same rules as ``fedsim run``)."""
+) -> tuple[Config, dict[str, Any]]:
+    """The wrapper's settings as a fedsim config (validated by the same rules as `fedsim run`),
+    and the raw tables that apply to it (what `out/config.toml` holds)."""
     priv = dict(privacy or {"mechanism": "gaussian", "noise_multiplier": 1.0})
     if "population" in priv and int(priv["population"]) != int(population):
         raise FedsimError("give the population once: population=, not privacy['population']")
@@ -84,7 +93,23 @@ def _settings(
         raise FedsimError("UserLevelDP protects users (one node = one user); privacy.unit must be 'user'")
     if cfg.clipping.adaptive or cfg.clipping.mode != "flat":
         raise FedsimError("UserLevelDP clips flat to clip_norm; adaptive and automatic clipping are not supported")
-    return cfg
+    return cfg, raw
+
+
+def _population_notes(population: int, delta: float) -> list[str]:
+    """Caveats of a guarantee stated for few users or at a large δ (logged and kept in the ledger)."""
+    notes = []
+    if delta >= 1.0 / population:
+        notes.append(
+            f"delta = {delta:.3g} is not below 1/N = {1.0 / population:.3g}: a delta that large allows releasing "
+            "one user's data outright"
+        )
+    if population < SMALL_POPULATION:
+        notes.append(
+            f"N = {population} users is small (under {SMALL_POPULATION}): delta = {delta:.3g} is the chance the "
+            "epsilon bound fails outright, and one user is 1/N of every mean; state the guarantee for more users"
+        )
+    return notes
 
 
 class UserLevelDP(Strategy):
@@ -92,43 +117,57 @@ class UserLevelDP(Strategy):
 
     Parameters
     ----------
-    strategy : the Flower Message-API strategy to wrap (FedAvg, FedAdam, a subclass, …). It
-        supplies the train message content and aggregates the one noised reply per round.
-    rounds : ``n``, the rounds the guarantee covers; more rounds are refused. Pass the same
-        number to ``start(num_rounds=…)``.
-    population : ``N``, the public number of users (nodes) the guarantee is stated for: the
-        Poisson rate is ``K̄/N``, keyed groups use it, δ defaults to ``1/N^1.1``. More distinct
-        nodes than ``N`` stop the run.
-    clip_norm : ``c``, the L2 bound on each node's model update. Default 1.0.
-    privacy : fedsim's ``[privacy]`` table: ``mechanism`` (``gaussian``, ``blt``, ``banded``,
-        ``bsr``, …), ``noise_multiplier`` or ``target_epsilon``, ``delta``, the mechanism's own
-        keys. Default ``{"mechanism": "gaussian", "noise_multiplier": 1.0}``.
-    sampling : fedsim's ``[sampling]`` table: ``scheme`` (``poisson``, ``single``, ``epochs``,
-        ``min_sep``), ``cohort_size`` (``K̄``), ``min_sep``, … Default ``{"scheme": "poisson"}``
-        (``K̄`` = 40 unless given). ``fixed`` needs a constant node count and is refused.
-    filter : fedsim's ``[filter]`` table (``doppler``, ``ema``, ``disk`` with ``mode =
-        "lookahead"``), between the noise and the wrapped strategy. Default none.
-    optimizer : fedsim's ``[server]`` table, between the filter and the wrapped strategy;
-        default ``{"optimizer": "sgd", "lr": 1.0}`` (passes ``x_t + ĝ_t`` on). ``adambc`` adds
-        DP-AdamBC with the exact noise variance ``Φ_t`` of the mechanism and filter.
-    identity : what a user's rounds are keyed on. ``node`` (default): the Flower node id, stable
-        for the life of a SuperLink (Poisson needs nothing more). ``census``: the identity the
-        node's :func:`fedsim.flower.user_dp_mod` reports (``user-id``, else ``partition-id``),
-        stable across SuperLink restarts; keyed groups with ``out`` need it.
-    clipping : ``server`` (default): nodes send their model, the server clips. ``client``: the
-        train config also carries ``fedsim.clip-norm`` and the node's ``user_dp_mod`` clips before
-        sending; the server re-clips anyway and counts replies it had to clip.
-    side_statistics : pass the nodes' own metrics (training loss, example counts) and federated
-        evaluation through to the wrapped strategy. They are computed from users' data outside
-        the noise, so ε does not cover them. Default False: training metrics are replaced by the
-        wrapper's own and federated evaluation is skipped (centralised ``evaluate_fn`` still runs).
-    out : a folder for ``ledger.json`` (read by ``fedsim.privacy.ledger.recompute_epsilon``),
-        ``config.toml`` and ``checkpoint/checkpoint.pt`` (the wrapper's state, written after each
+    strategy : flwr.serverapp.strategy.Strategy
+        The Flower Message-API strategy to wrap (FedAvg, FedAdam, a subclass, …). It supplies
+        the train message content and aggregates the one noised reply per round.
+    rounds : int
+        `n`, the rounds the guarantee covers; more rounds are refused. Pass the same number to
+        `start(num_rounds=…)`.
+    population : int
+        `N`, the public number of users (nodes) the guarantee is stated for: the Poisson rate is
+        `K̄/N`, keyed groups use it, δ defaults to `1/N^1.1`. More distinct nodes than `N` stop
+        the run.
+    clip_norm : float
+        `c`, the L2 bound on each node's model update. Default 1.0.
+    privacy : dict | None
+        fedsim's `[privacy]` table: `mechanism` (`gaussian`, `blt`, `banded`, `bsr`, …),
+        `noise_multiplier` or `target_epsilon`, `delta`, the mechanism's own keys. Default None:
+        `{"mechanism": "gaussian", "noise_multiplier": 1.0}`.
+    sampling : dict | None
+        fedsim's `[sampling]` table: `scheme` (`poisson`, `single`, `epochs`, `min_sep`),
+        `cohort_size` (`K̄`), `min_sep`, … Default None: `{"scheme": "poisson"}` (`K̄` = 40
+        unless given). `fixed` needs a constant node count and is refused.
+    filter : dict | None
+        fedsim's `[filter]` table (`doppler`, `ema`, `disk` with `mode = "lookahead"`),
+        applied between the noise and the wrapped strategy. Default None: no filter.
+    optimizer : dict | None
+        fedsim's `[server]` table, applied between the filter and the wrapped strategy. Default
+        None: `{"optimizer": "sgd", "lr": 1.0}` (passes `x_t + ĝ_t` on). `adambc` adds
+        DP-AdamBC with the exact noise variance `Φ_t` of the mechanism and filter.
+    identity : str
+        What a user's rounds are keyed on. `node` (default): the Flower node id, stable for the
+        life of a SuperLink (Poisson needs nothing more). `census`: the identity the node's
+        `fedsim.flower.user_dp_mod` reports (`user-id`, else `partition-id`), stable across
+        SuperLink restarts; keyed groups with `out` need it.
+    clipping : str
+        `server` (default): nodes send their model, the server clips. `client`: the train config
+        also carries `fedsim.clip-norm` and the node's `user_dp_mod` clips before sending; the
+        server re-clips anyway and counts replies it had to clip.
+    side_statistics : bool
+        Pass the nodes' own metrics (training loss, example counts) and federated evaluation
+        through to the wrapped strategy. They are computed from users' data outside the noise,
+        so ε does not cover them. Default False: training metrics are replaced by the wrapper's
+        own and federated evaluation is skipped (centralised `evaluate_fn` still runs).
+    out : str | Path | None
+        A folder for `ledger.json` (read by `fedsim.privacy.ledger.recompute_epsilon`),
+        `config.toml` and `checkpoint/checkpoint.pt` (the wrapper's state, written after each
         round's noise and before the model is returned). Default None: nothing is written.
-    resume : continue from ``out``'s checkpoint (the settings must match). Default False; a
-        folder that already holds a checkpoint is refused unless resuming.
-    key : an int seeds the privacy key (reproducible studies; anyone with the seed can predict
-        and remove the noise). Default None: 256 bits from the OS CSPRNG, kept only in the
+    resume : bool
+        Continue from `out`'s checkpoint (the settings must match). Default False; a folder that
+        already holds a checkpoint is refused unless resuming.
+    key : int | None
+        An int seeds the privacy key (reproducible studies; anyone with the seed can predict and
+        remove the noise). Default None: 256 bits from the OS CSPRNG, kept only in the
         checkpoint.
     """
 
@@ -151,10 +190,13 @@ class UserLevelDP(Strategy):
         key: int | None = None,
     ) -> None:
         super().__init__()
+        refuse_unsafe(strategy)
         if identity not in ("node", "census") or clipping not in ("server", "client"):
             raise FedsimError("identity must be 'node' or 'census'; clipping must be 'server' or 'client'")
         self.strategy = strategy
-        self.cfg = _settings(rounds, population, clip_norm, privacy, sampling, filter, optimizer)
+        self._driver = driver_of(strategy, self)
+        self._outbox: dict[str, list[Message]] = {"train": [], "evaluate": []}
+        self.cfg, self._raw = _settings(rounds, population, clip_norm, privacy, sampling, filter, optimizer)
         if self.cfg.sampling.scheme == "fixed":
             raise FedsimError("sampling.scheme = 'fixed' needs exactly N nodes every round; use 'poisson'")
         if self.cfg.filter.name == "disk" and getattr(self.cfg.filter, "mode", "") == "two_point":
@@ -173,13 +215,45 @@ class UserLevelDP(Strategy):
         self._round_state: dict[str, Any] = {}
         self.last_arrays: ArrayRecord | None = None
         self._planned: float | None = None
+        #: (Flower round, noise rounds done before it) of each round the wrapped strategy skipped.
+        self.skipped: list[tuple[int, int]] = []
+        self._notes = _population_notes(self.population, float(self.spec.delta))
+        for note in self._notes:
+            log(WARNING, "UserLevelDP: %s", note)
         self._start_folder(resume)
+        self._ready = True
+
+    # -- the wrapped strategy's attributes --------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped strategy's attributes and methods (what the wrapper does not define itself),
+        except those of a sampling, clipping or noise it replaces (`WITHHELD`)."""
+        inner = self.__dict__.get("strategy")
+        if inner is None or name.startswith("__"):
+            raise AttributeError(name)
+        if name in WITHHELD:
+            raise AttributeError(
+                f"UserLevelDP does not pass on {name!r}: its own sampler, clipping and noise replace the wrapped "
+                f"strategy's (read dp.strategy.{name} for the unused value)"
+            )
+        return getattr(inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """After construction, an attribute the wrapper does not have is set on the wrapped strategy
+        (`dp.save_path = …` reaches the strategy whose start() reads it)."""
+        mine = name in self.__dict__ or hasattr(type(self), name) or "_ready" not in self.__dict__
+        if mine:
+            object.__setattr__(self, name, value)
+        elif name in WITHHELD:
+            raise AttributeError(f"UserLevelDP does not pass on {name!r}: its own sampler, clipping and noise apply")
+        else:
+            setattr(self.strategy, name, value)
 
     # -- settings and files ---------------------------------------------------------------
 
     @property
     def spec(self) -> Any:
-        """The accounting spec (``z`` after calibration, ``δ``, the scheme's constants)."""
+        """The accounting spec (`z` after calibration, `δ`, the scheme's constants)."""
         return self._prep.spec
 
     @property
@@ -188,7 +262,7 @@ class UserLevelDP(Strategy):
         return str(self.spec.neighboring_relation)
 
     def planned_epsilon(self) -> float:
-        """ε after all ``rounds`` rounds (from dp-accounting), known before round 1 (computed once:
+        """ε after all `rounds` rounds (from dp-accounting), known before round 1 (computed once:
         a PLD composition takes a fraction of a second)."""
         if self._planned is None:
             self._planned = float(epsilon(self.spec, self.cfg.rounds))
@@ -208,7 +282,11 @@ class UserLevelDP(Strategy):
         if (ckpt / "checkpoint.pt").exists():
             raise FedsimError(f"{self.out} already holds a run; pass resume=True to continue it, or choose another out")
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.toml").write_text(self.cfg.to_toml(), encoding="utf-8")
+        head = (
+            f"# UserLevelDP's settings: `fedsim privacy config.toml --population {self.population} --json` "
+            "gives the ledger's epsilon, z and sensitivity_in_c\n"
+        )
+        (self.out / "config.toml").write_text(head + tomli_w.dumps(self._raw), encoding="utf-8")
 
     def _check_same_settings(self, state: dict[str, Any]) -> None:
         before = state["settings"]
@@ -224,8 +302,25 @@ class UserLevelDP(Strategy):
             return
         save_checkpoint(self.out / "checkpoint", self.state_dict())
         tmp = self.out / ".ledger.json.tmp"
-        tmp.write_text(json.dumps(self.server.ledger.to_json(), indent=1), encoding="utf-8")
+        tmp.write_text(json.dumps(self.ledger_json(), indent=1), encoding="utf-8")
         os.replace(tmp, self.out / "ledger.json")
+
+    def ledger_json(self) -> dict[str, Any]:
+        """What `out/ledger.json` holds: the ledger, its notes (small N, skipped rounds) and, as
+        `fedsim privacy --json` states them, the noise's `sensitivity_in_c` (`sens(C)` for MF
+        noise; the spec's own field is one round's sum, the DP event's) and `sensitivity_exact`."""
+        if self.server is None:
+            raise FedsimError("the ledger exists once the model is known (after the first configure_train)")
+        self.server.ledger.notes = self._notes + [
+            f"Flower round {r} (after {t} noise rounds) was skipped by the wrapped strategy: no node trained, "
+            "no noise row was used, nothing was accounted"
+            for r, t in self.skipped
+        ]
+        out = self.server.ledger.to_json()
+        plan = self._prep.plan
+        out["sensitivity_in_c"] = self.spec.sensitivity_in_c if plan is None else plan.sens
+        out["sensitivity_exact"] = True if plan is None else plan.sens_exact
+        return out
 
     # -- state ----------------------------------------------------------------------------
 
@@ -242,20 +337,22 @@ class UserLevelDP(Strategy):
             "census": self.census.state_dict(),
             "last_arrays": None if self.last_arrays is None else self.last_arrays.to_numpy_ndarrays(),
             "last_names": None if self.last_arrays is None else list(self.last_arrays.keys()),
+            "skipped": [list(x) for x in self.skipped],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output (applied when the model's size is known: at once if
-        a round already ran, else at the first ``configure_train``)."""
+        """Restore `state_dict`'s output (applied when the model's size is known: at once if
+        a round already ran, else at the first `configure_train`)."""
         self._check_same_settings(state)
         self._take(state)
         if self.server is not None:
             self._apply_pending()
 
     def _take(self, state: dict[str, Any]) -> None:
-        """Keep ``state`` for :meth:`_apply_pending`; the key and the last model at once."""
+        """Keep `state` for `_apply_pending`; the key and the last model at once."""
         self._pending = state
         self.key = PrivacyKey.from_state_dict(state["key"])
+        self.skipped = [(int(r), int(t)) for r, t in state.get("skipped", [])]
         if state["last_arrays"] is not None:
             self.last_arrays = ArrayRecord({k: Array(v) for k, v in zip(state["last_names"], state["last_arrays"])})
 
@@ -277,7 +374,7 @@ class UserLevelDP(Strategy):
 
     def resume_arrays(self) -> ArrayRecord:
         """The last model this wrapper published (restored by a resume): pass it to
-        ``start(initial_arrays=…)`` to continue where the run stopped."""
+        `start(initial_arrays=…)` to continue where the run stopped."""
         if self.last_arrays is None:
             raise FedsimError("no round has been published yet; start from the app's initial model")
         return self.last_arrays
@@ -311,11 +408,40 @@ class UserLevelDP(Strategy):
         if self._pending is not None:
             self._apply_pending()
 
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        **kwargs: Any,
+    ) -> Result:
+        """Run the wrapped strategy's own `start()` (Flower's, or the app's override with its
+        results files, checkpoints and loggers) with the wrapper's rounds.
+
+        The strategy's `start()` runs on a driver that shares the strategy's attributes and whose
+        `configure_train`, `aggregate_train`, `configure_evaluate`, `aggregate_evaluate` and
+        `summary` are the wrapper's (fedsim.flower.driver). It sees a grid that sends only the
+        wrapper's messages and returns the train replies sealed. Parameters are Flower's
+        `Strategy.start`'s; other keyword arguments go to the strategy's own `start()`.
+        """
+        refuse_unsafe(self.strategy)  # again: the strategy may have changed since it was wrapped
+        start = type(self.strategy).start
+        return start(self._driver, GuardedGrid(real_grid(grid), self._outbox), initial_arrays, num_rounds=num_rounds,
+                     timeout=timeout, train_config=train_config, evaluate_config=evaluate_config,
+                     evaluate_fn=evaluate_fn, **kwargs)  # fmt: skip
+
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Ask the wrapped strategy for its train message, then send it to the nodes fedsim's
-        sampler picks for this round (none of the wrapped strategy's own choice)."""
+        """Ask the wrapped strategy for its train messages, then send each node that fedsim's
+        sampler picks for this round (none of the wrapped strategy's own choice) the message the
+        strategy made for that node (or its one message for all). A round for which the strategy
+        makes no message is skipped: no node trains and no noise row is used."""
+        grid = real_grid(grid)
         if self.server is None:
             self._build(arrays)
         assert self.server is not None and self.layout is not None
@@ -325,38 +451,73 @@ class UserLevelDP(Strategy):
         x_t = self.layout.flatten(arrays)
         if x_t is None:
             raise FedsimError("the wrapped strategy changed the model's layout between rounds")
-        inner = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        self._outbox["train"] = []
+        inner = list(self.strategy.configure_train(server_round, arrays, config, GuardedGrid(grid, {})))
+        if not inner:
+            log(INFO, "round %d: the wrapped strategy configured no training: skipped (no node trains, no noise "
+                "row is used)", server_round)  # fmt: skip
+            self._round_state = {"skip": (server_round, t)}
+            return []
         nodes = self.census.update(grid, list(grid.get_node_ids()), self.population)
         ids = sorted(nodes)
         sampler = make_sampler(self._prep.scheme, self.key.derive("sampling"), ids)
         chosen = [nodes[ids[i]] for i in sampler.sample(t)]
-        content = inner[0].content if inner else RecordDict({"arrays": arrays, "config": config})
-        x_ref = x_t
+        contents = _node_contents(inner, chosen)
+        x_ref, model = x_t, None
         if self.server.track_step:  # DiSK look-ahead: the nodes train from y_t = x_t + γ·d_{t−1}
             assert self.server.last_step is not None
             x_ref = (torch.from_numpy(x_t) + self.server.filter.gamma * self.server.last_step).numpy()
-            content = _with_arrays(content, self.layout.unflatten(x_ref, arrays))
-        if self.clipping == "client":
-            content = _with_clip_norm(content, self.server.clip_norm)
-        messages = [
-            Message(content, dst_node_id=node, message_type=MessageType.TRAIN, group_id=str(server_round))
-            for node in chosen
-        ]
-        self._round_state = {"t": t, "messages": messages, "x_t": x_t, "x_ref": x_ref, "arrays": arrays}
+            model = self.layout.unflatten(x_ref, arrays)
+        messages = self._messages(contents, model, server_round)
+        self._log_choice(server_round, len(chosen), len(messages))
+        self._round_state = {"t": t, "messages": messages, "x_t": x_t, "x_ref": x_ref, "arrays": arrays,
+                             "chosen": len(chosen), "unconfigured": len(chosen) - len(messages)}  # fmt: skip
+        self._outbox["train"] = list(messages)
         self.server.prefetch_noise()
         return messages
+
+    def _messages(self, contents: dict[int, RecordDict], model: ArrayRecord | None, server_round: int) -> list[Message]:
+        """One train message per node of `contents`: its content, with the look-ahead model
+        `model` (DiSK) and the clip norm (client clipping) put in."""
+        assert self.server is not None
+        done: dict[int, RecordDict] = {}
+        out = []
+        for node, content in contents.items():
+            if id(content) not in done:
+                c = content if model is None else _with_arrays(content, model)
+                done[id(content)] = _with_clip_norm(c, self.server.clip_norm) if self.clipping == "client" else c
+            out.append(Message(done[id(content)], dst_node_id=node, message_type=MessageType.TRAIN,
+                               group_id=str(server_round)))  # fmt: skip
+        return out
+
+    def _log_choice(self, server_round: int, chosen: int, configured: int) -> None:
+        if chosen == 0:
+            log(WARNING, "round %d: the sampler chose no node (%s over N = %d): this round's model moves by noise "
+                "alone", server_round, self.spec.scheme, self.population)  # fmt: skip
+        elif configured < chosen:
+            log(WARNING, "round %d: the wrapped strategy made per-node messages but none for %d of the %d sampled "
+                "nodes: they do not train this round (let it address every node, e.g. fraction_train=1.0)",
+                server_round, chosen - configured, chosen)  # fmt: skip
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Clip, sum, add the noise row, divide by ``K̄``, filter and step; hand only that to the
-        wrapped strategy."""
+        """Clip, sum, add the noise row, divide by `K̄`, filter and step; hand only that to the
+        wrapped strategy. A skipped round is recorded (ledger note, checkpoint) and hands on
+        nothing. A round in which no sampled node's update could be used stops the run."""
         st, self._round_state = self._round_state, {}
         if not st or self.server is None or self.layout is None:
             raise FedsimError("aggregate_train without configure_train: call Strategy.start, or both in order")
+        if "skip" in st:
+            self.skipped.append(st["skip"])
+            self._write()
+            return None, None
         sent = {m.metadata.message_id: m.metadata.dst_node_id for m in st["messages"]}
         agg = UpdateAggregator(self.layout.dim, self.server.clip_norm)
-        screen_and_sum(replies, sent, self.layout, st["x_ref"], agg)  # Δ_i from the model the nodes got
+        screen_and_sum(unseal(replies), sent, self.layout, st["x_ref"], agg)  # Δ_i from the model the nodes got
+        for _ in range(st["unconfigured"]):
+            agg.drop("missing", 1)
+        _report_drops(server_round, agg, st["chosen"])
         self.server.params = torch.from_numpy(st["x_t"]).clone()
         eps = self.server.step(agg.total, agg.accepted_users)
         noised = self.layout.unflatten(self.server.params, st["arrays"])
@@ -384,19 +545,73 @@ class UserLevelDP(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """The wrapped strategy's federated evaluation with ``side_statistics``; none without."""
+        """The wrapped strategy's federated evaluation with `side_statistics`; none without."""
+        self._outbox["evaluate"] = []
         if not self.side_statistics:
             return []
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        messages = list(
+            self.strategy.configure_evaluate(server_round, arrays, config, GuardedGrid(real_grid(grid), {}))
+        )
+        self._outbox["evaluate"] = list(messages)
+        return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         if not self.side_statistics:
             return None
-        return self.strategy.aggregate_evaluate(server_round, replies)
+        return self.strategy.aggregate_evaluate(server_round, unseal(replies))
+
+
+def _same_content(a: RecordDict, b: RecordDict) -> bool:
+    """Whether two message contents are the same (one object, or equal records)."""
+    if a is b:
+        return True
+    if list(a.keys()) != list(b.keys()):
+        return False
+    for name, ra in a.items():
+        rb = b[name]
+        if ra is rb:
+            continue
+        if isinstance(ra, ArrayRecord) and isinstance(rb, ArrayRecord):
+            if list(ra.keys()) != list(rb.keys()) or not all(
+                np.array_equal(ra[k].numpy(), rb[k].numpy()) for k in ra.keys()
+            ):
+                return False
+        elif type(ra) is not type(rb) or dict(ra) != dict(rb):
+            return False
+    return True
+
+
+def _node_contents(inner: list[Message], chosen: list[int]) -> dict[int, RecordDict]:
+    """Each chosen node's content: the wrapped strategy's message to that node, else its one
+    content for all (when all its messages carry the same); chosen nodes it gave per-node
+    messages but none of their own are left out."""
+    own: dict[int, RecordDict] = {}
+    for m in inner:
+        own.setdefault(m.metadata.dst_node_id, m.content)
+    common = inner[0].content if all(_same_content(m.content, inner[0].content) for m in inner[1:]) else None
+    out = {}
+    for node in chosen:
+        content = own.get(node, common)
+        if content is not None:
+            out[node] = content
+    return out
+
+
+def _report_drops(server_round: int, agg: UpdateAggregator, chosen: int) -> None:
+    """A WARNING line when replies were dropped (with the reasons); a stop when the round has
+    sampled nodes but no usable update (nothing is published, no noise row is used)."""
+    reasons = ", ".join(f"{r} {n}" for r, n in agg.drop_counts().items() if n)
+    if chosen and agg.accepted_users == 0:
+        raise FedsimError(
+            f"round {server_round}: no sampled node's update could be used ({reasons}); the run stops before "
+            "publishing a model of noise alone (no noise row used): fix the ClientApp, then resume"
+        )
+    if reasons:
+        log(WARNING, "round %d: replies dropped (%s); they count as zero updates", server_round, reasons)
 
 
 def _with_arrays(content: RecordDict, model: ArrayRecord) -> RecordDict:
-    """``content`` with its (one) model record replaced by ``model``."""
+    """`content` with its (one) model record replaced by `model`."""
     out = RecordDict()
     for name, rec in content.items():
         out[name] = model if isinstance(rec, ArrayRecord) else rec
@@ -404,7 +619,7 @@ def _with_arrays(content: RecordDict, model: ArrayRecord) -> RecordDict:
 
 
 def _with_clip_norm(content: RecordDict, clip_norm: float) -> RecordDict:
-    """``content`` with ``fedsim.clip-norm`` added to its (one) config record."""
+    """`content` with `fedsim.clip-norm` added to its (one) config record."""
     out = RecordDict()
     for name, rec in content.items():
         if isinstance(rec, ConfigRecord):
@@ -416,7 +631,7 @@ def _with_clip_norm(content: RecordDict, clip_norm: float) -> RecordDict:
 
 
 def noise_std_of_mean(dp: UserLevelDP) -> float:
-    """``c·z·sens/K̄``: the per-coordinate std of the noise in one round's noised mean."""
+    """`c·z·sens/K̄`: the per-coordinate std of the noise in one round's noised mean."""
     if dp.server is None:
         raise FedsimError("the noise scale is known once the model is (after the first configure_train)")
     return float(dp.server.noise_std / dp.server.expected_cohort)
