@@ -72,6 +72,22 @@ class Ledger:
             self.entries[-1]["epsilon"] = self._curve(len(self.entries))
         return float(self.entries[-1]["epsilon"])
 
+    def next_accounted(self) -> int | None:
+        """The next round (1-based, after those recorded) whose ε is computed when it is
+        recorded (``account_every``, the last planned round); None past the planned rounds."""
+        t = len(self.entries) + 1
+        if t > self.planned_rounds:
+            return None
+        return min(-(-t // self.account_every) * self.account_every, self.planned_rounds)
+
+    def prefetch(self) -> None:
+        """Start computing ε of :meth:`next_accounted` in the background (a PLD composition,
+        :meth:`fedsim.privacy.accounting.EpsilonCurve.prefetch`): the same float, off the round's
+        critical path."""
+        t = self.next_accounted()
+        if t is not None:
+            self._curve.prefetch(t)
+
     def record_round(self, round_index: int, realized_cohort: int, clip_norm: float | None = None) -> float | None:
         """Record round ``round_index`` (0-based) and return ε after it (None when
         ``account_every`` skips this round).
@@ -93,6 +109,7 @@ class Ledger:
         if self.silo is not None and self.side_statistics:
             entry["example_epsilon_max"] = self.silo.max_epsilon
         self.entries.append(entry)
+        self.prefetch()  # the next accounted round's ε, while that round trains
         return eps
 
     def to_json(self, settle: bool = False) -> dict[str, Any]:

@@ -15,24 +15,15 @@ generated on the CPU and moved to the server's device, so a GPU run adds the sam
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import torch
 
 from fedsim.errors import FedsimError
+from fedsim.privacy.background import worker
 from fedsim.privacy.rng import PrivacyKey, gaussians
 from fedsim.privacy.stream import Draw, NoiseStream
-
-_PREFETCHER: ThreadPoolExecutor | None = None
-
-
-def _prefetcher() -> ThreadPoolExecutor:
-    """The one background thread that draws prefetched noise rows."""
-    global _PREFETCHER
-    if _PREFETCHER is None:
-        _PREFETCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedsim-noise")
-    return _PREFETCHER
 
 
 def _xi(key: PrivacyKey | int, j: int, dim: int, device: torch.device) -> torch.Tensor:
@@ -75,7 +66,7 @@ class NoiseMechanism:
         prefetched row whose key or index does not match is never used."""
         if self._ahead is not None and self._ahead[0] == self.key and self._ahead[1] == int(j):
             return
-        self._ahead = (self.key, int(j), _prefetcher().submit(_xi, self.key, int(j), self.dim, self.device))
+        self._ahead = (self.key, int(j), worker("fedsim-noise").submit(_xi, self.key, int(j), self.dim, self.device))
 
     def draw(self, j: int) -> torch.Tensor:
         """``ξ_j`` of this run's key (the prefetched row when :meth:`prefetch` asked for it)."""

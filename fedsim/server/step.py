@@ -84,9 +84,11 @@ class DPServer:
     def prefetch_noise(self) -> None:
         """Start drawing the new noise row ``ξ_t`` of the next round to finish (``t`` =
         :attr:`round`) in the background; the same numbers as drawing it in :meth:`step`. Asking
-        again for the same row is free."""
+        again for the same row is free. The ledger's next ε (a PLD composition under Poisson
+        sampling) is started in the background too."""
         if self.noise_std > 0:
             self.noise.prefetch(self.round)
+        self.ledger.prefetch()
 
     def noisy_mean(self, total: torch.Tensor, t: int) -> torch.Tensor:
         """``ĝ_t = (U_t + c·z·sens·n_t) / K̄``."""
