@@ -6,7 +6,9 @@ runs, built by the same code):
 1. The wrapper — not the wrapped strategy — picks the round's nodes with fedsim's cohort sampler,
    which enforces the participation scheme (Poisson, or keyed `epochs`/`min_sep`/`single`
    groups) on each node's stable identity.
-2. Each chosen node gets the wrapped strategy's train message (its model `x_t` and config).
+2. Each chosen node gets the message the wrapped strategy made for it (or its one message for
+   all): the model `x_t` and its config. A round the strategy makes no message for is skipped
+   (no training, no noise row, a ledger note).
 3. Each reply's update `Δ_i = y_i − x_t` is checked and clipped to `c` on the server
    (`fedsim.server.aggregation.UpdateAggregator`), whether or not the node clipped it first.
 4. `fedsim.server.step.DPServer` adds the mechanism's noise row `c·z·sens·n_t`, divides by the
@@ -20,6 +22,9 @@ runs, built by the same code):
 The noised model is written to the checkpoint (`out`) before it is returned, so it is saved
 before it leaves the server: a resumed run continues with the next noise row and never sends a
 round twice with the same noise.
+
+`UserLevelDP.start` runs the wrapped strategy's own `start()` with these rounds, and the wrapper
+passes on the strategy's other attributes (fedsim.flower.driver; docs/flower.md).
 """
 
 from __future__ import annotations
@@ -119,7 +124,9 @@ class UserLevelDP(Strategy):
     ----------
     strategy : flwr.serverapp.strategy.Strategy
         The Flower Message-API strategy to wrap (FedAvg, FedAdam, a subclass, …). It supplies
-        the train message content and aggregates the one noised reply per round.
+        each sampled node's train message and aggregates the one noised reply per round; its
+        own `start()` runs the rounds (`UserLevelDP.start`), and its other attributes are
+        reached through the wrapper.
     rounds : int
         `n`, the rounds the guarantee covers; more rounds are refused. Pass the same number to
         `start(num_rounds=…)`.
