@@ -707,9 +707,19 @@ class Config(_Section):
             raise FedsimError(f"data: the dataset has {population} users; at least 2 are needed")
         if self.sampling.cohort_size is not None and self.sampling.cohort_size > population:
             raise FedsimError(
-                f"sampling.cohort_size = {self.sampling.cohort_size} exceeds the population "
-                f"N = {population}; lower sampling.cohort_size or raise data.max_users"
+                f"sampling.cohort_size = {self.sampling.cohort_size:g} exceeds the population "
+                f"N = {population}; lower sampling.cohort_size{self._more_users_advice()}"
             )
+
+    def _more_users_advice(self) -> str:
+        """How this config's dataset gets more users, for the cohort-size error: its own size key
+        (synthetic users, table partitions), or data.max_users when that is what limits it."""
+        for key in ("num_clients", "num_partitions"):
+            if getattr(self.data, key, None) is not None:
+                return f" or raise data.{key}"
+        if self.data.max_users is not None:
+            return f" or raise data.max_users (now {self.data.max_users})"
+        return ""
 
 
 def _drop_none(d: Any) -> Any:

@@ -75,6 +75,11 @@ class Registry(dict[str, T]):
         try:
             return self[name]
         except KeyError:
+            if not self:
+                raise FedsimError(
+                    f"{self.key} = {name!r} is unknown: no {self.kind} is registered; register it in a plugin "
+                    f"(the config's plugins = [...], or $FEDSIM_PLUGINS) before the config is read, or drop {self.key}"
+                ) from None
             raise FedsimError(f"{self.key} = {name!r} is unknown; use one of {', '.join(self)}") from None
 
 

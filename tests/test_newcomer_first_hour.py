@@ -283,3 +283,31 @@ def test_a_model_with_no_parameters_or_too_many_logits_is_refused(tmp_path):
     assert "model.name = 'empty' (Empty) has no trainable parameters" in empty
     assert "emits 13 logits per sample, but the data have 10 classes" in wide
     assert not (tmp_path / "empty").exists() and not (tmp_path / "wide").exists()
+
+
+@pytest.mark.parametrize(
+    "sets, advice",
+    [
+        (["data.num_clients=10", "sampling.cohort_size=50"], "or raise data.num_clients"),
+        (["data.max_users=6", "sampling.cohort_size=8"], None),
+    ],
+    ids=["synthetic", "max_users"],
+)
+def test_a_cohort_larger_than_the_population_names_the_key_that_sets_it(capsys, tmp_path, sets, advice):
+    base = SMALL if advice else [s for s in SMALL if not s.startswith("data.")]
+    if not advice:  # a dataset whose users data.max_users limits: the table
+        pq.write_table(pa.table(_columns(u=[f"a{i % 12}" for i in range(N_ROWS)])), tmp_path / "t.parquet")
+        args = _table_args(tmp_path / "t.parquet", *sets)
+    else:
+        args = [a for s in [*base, *sets] for a in ("--set", s)]
+    code, _, err = run_cli(capsys, "run", "--out", str(tmp_path / "run"), *args)
+    cohort = sets[-1].split("=")[1]
+    _one_line_error(code, err, f"sampling.cohort_size = {cohort} exceeds")  # an int prints as one: not 50.0
+    assert (advice or "or raise data.max_users (now 6)") in err
+    assert "data.max_users" not in err if advice else True  # synthetic data have no max_users to raise
+
+
+def test_an_unknown_local_update_with_none_registered_says_how_to_register_one(capsys):
+    code, _, err = run_cli(capsys, "privacy", "--population", "100", "--set", "client.local_update='nope'")
+    _one_line_error(code, err, "no local update is registered", "plugin")
+    assert "use one of \n" not in err + "\n" and not err.rstrip().endswith("use one of")
