@@ -115,9 +115,11 @@ class GuardedGrid(Grid):
 
     Parameters
     ----------
-    grid : the real Flower grid.
-    outbox : the wrapper's messages of the round, by kind (`train`, `evaluate`); a send takes
-        them out, so each is sent once.
+    grid : flwr.serverapp.Grid
+        The real Flower grid.
+    outbox : dict[str, list[Message]]
+        The wrapper's messages of the round, by kind (`train`, `evaluate`); a send takes them
+        out, so each is sent once.
     """
 
     def __init__(self, grid: Any, outbox: dict[str, list[Message]]) -> None:
