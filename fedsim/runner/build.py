@@ -34,7 +34,7 @@ from fedsim.privacy.accounting import (
     epsilon,
 )
 from fedsim.privacy.ledger import Ledger
-from fedsim.privacy.mechanisms import MFPlan, make_noise, plan_mf
+from fedsim.privacy.mechanisms import MFPlan, check_independent_mechanism, make_noise, plan_mf
 from fedsim.privacy.participation import GroupScheme, ParticipationScheme, make_scheme
 from fedsim.privacy.rng import PrivacyKey
 from fedsim.protocol import Task
@@ -180,6 +180,7 @@ def mf_plan(cfg: Config, spec: AccountingSpec, scheme: ParticipationScheme) -> M
     noise). Raises :class:`FedsimError` for a factorization the participation scheme's ε does
     not hold for (e.g. amplified MF with more bands than ``sampling.min_sep``)."""
     if not spec.is_mf:
+        check_independent_mechanism(spec.mechanism)  # before any ε of it is computed
         return None
     beta = float(getattr(cfg.server, "momentum", 0.9))  # the momentum workload needs server.momentum
     return plan_mf(cfg.privacy.mechanism_options(), scheme, cfg.rounds, momentum=beta)
@@ -725,16 +726,31 @@ def _run_notes(cfg: Config, observed: int, deployment: Deployment | None) -> lis
         )
     partitioner = getattr(cfg.data, "partitioner", None)  # data.name = "table" only
     if partitioner is not None:
-        notes.append(
-            f"users are {partitioner} partitions of the table made by Flower Datasets, not people: "
-            f"ε protects one partition's rows together, and says nothing about a person whose rows span partitions"
-        )
+        notes.append(partition_note(partitioner))
     if cfg.privacy.population is not None and observed != cfg.privacy.population:
         notes.append(
             f"privacy.population = {cfg.privacy.population} is the N of q, δ and the groups; the data hold "
             f"{observed} users"
         )
     return notes
+
+
+def partition_note(partitioner: str) -> str:
+    """What ε means when the users are partitions of a table (``data.partitioner``): nothing for
+    the people or rows in it. A partitioner cuts the whole table, so removing one row moves other
+    rows between partitions (tests/data/test_partition_guarantee.py measures it); the accounting
+    takes the partitions as fixed, and they are not.
+
+    Parameters
+    ----------
+    partitioner : ``data.partitioner`` (``iid``, ``dirichlet`` or ``pathological``).
+    """
+    return (
+        f"NO GUARANTEE for the people or rows of the table: users are {partitioner} partitions made by "
+        f"Flower Datasets from the whole table, so removing one row can change many partitions; ε is computed "
+        f"as if the partitions were fixed users, which they are not. For a guarantee, name each row's person "
+        f"with data.user_column"
+    )
 
 
 def build_run(

@@ -68,7 +68,7 @@ def test_three_rounds_from_python_and_from_the_cli(table, tmp_path, users):
     assert result.summary["population"] == (USERS if "user_column" in users else 12)
     ledger = json.loads((result.run_folder / "ledger.json").read_text())
     assert result.epsilon == pytest.approx(recompute_epsilon(ledger))
-    partition_note = any("partitions of the table" in n for n in ledger["notes"])
+    partition_note = any("NO GUARANTEE for the people or rows" in n for n in ledger["notes"])
     assert partition_note == ("partitioner" in users)
     cfg_file = tmp_path / "mine.toml"
     import tomli_w
@@ -77,7 +77,7 @@ def test_three_rounds_from_python_and_from_the_cli(table, tmp_path, users):
     r = subprocess.run([sys.executable, "-m", "fedsim.cli", "run", str(cfg_file), "--out", str(tmp_path / "cli")],
                        capture_output=True, text=True, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
-    assert ("partitions of the table" in r.stdout + r.stderr) == ("partitioner" in users)
+    assert ("NO GUARANTEE for the people or rows" in r.stdout + r.stderr) == ("partitioner" in users)
     assert json.loads((tmp_path / "cli" / "summary.json").read_text())["rounds_completed"] == 3
 
 

@@ -40,6 +40,12 @@ from fedsim.privacy.mechanisms.base import (
     Strategy,
     amplified_sensitivity,
 )
+from fedsim.privacy.mechanisms.checks import (
+    check_independent_stream,
+    check_strategy,
+    check_stream,
+    checked_sensitivity,
+)
 from fedsim.privacy.mechanisms.dense import DenseFamilyOptions
 from fedsim.privacy.mechanisms.registry import (
     MECHANISMS,
@@ -61,6 +67,7 @@ __all__ = [
     "MechanismOptions",
     "Objective",
     "Strategy",
+    "check_independent_mechanism",
     "factorization_quality",
     "get_mechanism",
     "is_correlated",
@@ -112,19 +119,41 @@ def plan_mf(
     mech.check(opts, scheme, rounds)
     A = workload_matrix(opts.workload, rounds, momentum)
     strategy = mech.strategy(opts, A, scheme)
+    # fedsim's own checks, whoever wrote the mechanism (checks.py): C, M·C = I, sens(C), the stream
+    C, M = check_strategy(strategy, A.shape[0], opts.mechanism)
     info = dict(strategy.info)
     if isinstance(scheme, GroupScheme) and scheme.poisson_within_group:
         sens, exact = amplified_sensitivity(strategy, scheme)
         info["sensitivity_note"] = "amplified: per-participation column norm; rounds composed ⌈n/b⌉ times"
     else:
-        sens, exact = strategy.sensitivity(scheme)
-    return MFPlan(opts.mechanism, strategy, sens, exact, info)
+        sens, exact = checked_sensitivity(strategy, scheme)
+    plan = MFPlan(opts.mechanism, strategy, sens, exact, info)
+    check_stream(mech.stream(plan), C, M, sens, opts.mechanism)
+    return plan
+
+
+def check_independent_mechanism(name: str) -> None:
+    """fedsim's check of an independent (not matrix-factorization) mechanism before its ε is
+    computed: other than ``none`` (no noise, ε = ∞), its stream must add ``ξ_t`` itself in round
+    ``t`` with sensitivity 1 (`checks.check_independent_stream`); a `FedsimError` otherwise.
+
+    Parameters
+    ----------
+    name : the mechanism's registered name.
+    """
+    mech = get_mechanism(name)
+    if mech.correlated or name == "none":
+        return
+    check_independent_stream(mech.independent_stream(), name)
 
 
 def make_noise(
     mechanism: str, dim: int, seed: PrivacyKey | int, device: str | torch.device, plan: MFPlan | None = None
 ) -> NoiseMechanism:
-    """The streaming noise of ``mechanism`` (``plan`` for MF mechanisms) under the run's key."""
+    """The streaming noise of ``mechanism`` (``plan`` for MF mechanisms, checked by `plan_mf`)
+    under the run's key; an independent mechanism is checked here (`check_independent_mechanism`)."""
+    if plan is None:
+        check_independent_mechanism(mechanism)
     return NoiseMechanism(dim, seed, device, get_mechanism(mechanism).stream(plan))
 
 
