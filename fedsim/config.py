@@ -239,7 +239,16 @@ class PrivacyCommon(_Section):
     account_every : compute ε after every this many rounds (and always after the last one);
         the ledger records every round, with ε null in between. Default 1 (every round). A
         PLD composition costs about 0.1–0.3 s, which dominates rounds of small models: sweeps
-        can raise it. The final ε is the same.
+        can raise it. The final ε is the same. (The next accounted round's composition runs in
+        a background thread while the round trains.)
+    noise_memory_mib : memory, in MiB, that the correlated noise of ``tree``, ``sqrt``, ``dense``
+        and ``dp_mf_plus`` may hold for its history: all ``m`` rows of ``Z`` (``m·d·4`` bytes)
+        when they fit, else the blocks of the noise table's product. Default 1024 (1 GiB).
+    noise_table : past ``noise_memory_mib``, compute every noise row ``M·Z`` once, at the first
+        round, into a table in the run's ``checkpoint/`` (owner-only, where the key is; ``n·d·4``
+        bytes of disk, 33 GB at n = 2,048 and d = 4.05M), deleted when the run ends: a round then
+        reads one row instead of drawing ``ξ_0 … ξ_t`` again (``O(t·d)``). Default True; false
+        redraws every round and writes nothing.
     unit : ``user`` (default: the server-side mechanism above protects each user) or
         ``example`` (cross-silo: each user is a silo of many people's records and trains with
         Opacus DP-SGD; the ledger adds each silo's example-level ε from Opacus's RDP
@@ -290,6 +299,8 @@ class PrivacyCommon(_Section):
     delta: float | None = Field(default=None, gt=0, lt=1)
     accountant: Literal["pld", "rdp"] = "pld"
     account_every: int = Field(default=1, ge=1)
+    noise_memory_mib: int = Field(default=1024, ge=1)
+    noise_table: bool = True
     unit: Literal["user", "example"] = "user"
     example_noise_multiplier: float | None = Field(default=None, gt=0, le=1e3)
     example_clip_norm: float = Field(default=1.0, gt=0)

@@ -16,6 +16,7 @@ generated on the CPU and moved to the server's device, so a GPU run adds the sam
 from __future__ import annotations
 
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -87,6 +88,15 @@ class NoiseMechanism:
         """Per-coordinate variance of ``row(t)`` (``‖row_t(C⁻¹)‖²``; 1 for independent noise)."""
         return self.stream.row_variance(t)
 
+    def set_scratch(self, folder: Path | None) -> None:
+        """Let the stream keep secret working files (a noise table) in ``folder``, an owner-only
+        folder where the key already is (a run's ``checkpoint/``); None: none."""
+        self.stream.set_scratch(folder)
+
+    def close(self) -> None:
+        """Delete the stream's working files (at the end of the run, however it ends)."""
+        self.stream.close()
+
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dim": self.dim, "key": self.key.state_dict(), **self.stream.state_dict()}
 
@@ -123,44 +133,134 @@ class ZeroStream(NoiseStream):
         return 0.0
 
 
+#: Bytes of memory a correlated stream may hold for its noise history by default (1 GiB):
+#: ``privacy.noise_memory_mib``.
+DEFAULT_NOISE_MEMORY = 1 << 30
+
+#: Name prefix of a noise table's file (:class:`MatrixStream`); a run folder's ``checkpoint/``
+#: holds at most one, while the run runs.
+TABLE_PREFIX = ".noise-table-"
+
+
 class MatrixStream(NoiseStream):
     """Correlated noise ``n_t = (M·Z)_t = Σ_j M[t, j] ξ_j`` for a noising matrix ``M``
     (tree, sqrt, dense, DP-MF+).
 
-    ``M = C⁻¹`` for a square strategy ``C`` (``A⁻¹B`` in general, e.g. for the tree). ``ξ_j`` is
-    drawn again when needed (``O(t·d)`` work at round ``t``, ``O(d)`` memory), or kept in
-    memory when all ``m`` rows fit in ``memory_budget`` bytes — either way the same numbers,
-    bit for bit. Rows can be drawn in any order; the stream has no state to checkpoint.
+    ``M = C⁻¹`` for a square strategy ``C`` (``A⁻¹B`` in general, e.g. for the tree). Three
+    ways to give row ``t``, all of the same numbers ``ξ_j`` and ``M``:
+
+    - the history fits: when all ``m`` rows of ``ξ`` fit in ``memory_budget`` bytes they are
+      kept in memory as they are drawn, and row ``t`` sums them in float64 (``O(t·d)`` adds);
+    - a noise table (:meth:`set_scratch` gave a folder): every row of ``M·Z`` is computed once,
+      at the first row asked for. Each ``ξ_j`` is drawn once and written to an owner-only file
+      in that folder, then, block of coordinates by block, the ``m × B`` block of ``Z`` is read
+      back in float64, multiplied by ``M`` and its ``n × B`` result written over it as float32.
+      ``B`` is chosen so the two blocks fit in ``memory_budget``. A round then reads one row:
+      ``O(d)`` whatever ``t`` is. The table is as secret as the key: the runner puts it in the
+      run's ``checkpoint/`` (0700, where the key is) and :meth:`close` deletes it when the run
+      ends, however it ends;
+    - otherwise ``ξ_0 … ξ_t`` are drawn again each round (``O(t·d)`` draws, ``O(d)`` memory).
+
+    The table's products sum in another order than the float64 loop, so a row can differ from
+    the other two in the last bit of a float32 coordinate; within one path, rows are a pure
+    function of the key and ``t`` (a resume rebuilds the same table). Rows can be asked for in
+    any order; the stream has no state to checkpoint.
 
     Parameters
     ----------
     noising : ``M`` (``n × m``, float64).
     sens : ``sens(C)`` under the run's scheme.
     name : the mechanism's name (default ``matrix``).
-    memory_budget : bytes allowed for keeping ``ξ`` rows in memory (default 1 GiB).
+    memory_budget : bytes allowed for the noise history in memory: the ``ξ`` rows kept, or the
+        table's blocks (default :data:`DEFAULT_NOISE_MEMORY`, 1 GiB).
     """
 
-    def __init__(self, noising: Any, sens: float, name: str = "matrix", memory_budget: int = 1 << 30) -> None:
+    def __init__(
+        self, noising: Any, sens: float, name: str = "matrix", memory_budget: int = DEFAULT_NOISE_MEMORY
+    ) -> None:
         super().__init__(sens, name)
         import numpy as np
 
         self.noising = np.asarray(noising, dtype=np.float64)
         self.memory_budget = int(memory_budget)
         self._store: dict[int, torch.Tensor] = {}
+        #: folder a noise table may be written to (None: no table).
+        self.scratch: Path | None = None
+        self._table: Any = None  # the table as a read-only memory map, once built
+        self._table_path: Path | None = None
+
+    def history_fits(self) -> bool:
+        """Whether all ``m`` rows of ``ξ`` fit in :attr:`memory_budget` bytes (float32)."""
+        return bool(self.noising.shape[1] * self.dim * 4 <= self.memory_budget)
+
+    def set_scratch(self, folder: Path | None) -> None:
+        """Allow a noise table in ``folder`` (an owner-only folder that holds the run's key), or
+        none (None)."""
+        self.close()
+        self.scratch = None if folder is None else Path(folder)
 
     def _row_xi(self, j: int, draw: Draw) -> torch.Tensor:
-        if self.noising.shape[1] * self.dim * 4 > self.memory_budget:
+        if not self.history_fits():
             return draw(j)
         if j not in self._store:
             self._store[j] = draw(j)
         return self._store[j]
 
     def step(self, t: int, draw: Draw) -> torch.Tensor:
+        if self.scratch is not None and not self.history_fits():
+            if self._table is None:
+                self._build_table(draw)
+            return torch.from_numpy(self._table[int(t)].copy()).to(self.device)
         coeffs = self.noising[int(t)]
         out = torch.zeros(self.dim, dtype=torch.float64, device=self.device)
         for j in coeffs.nonzero()[0].tolist():
             out.add_(self._row_xi(j, draw).to(torch.float64), alpha=float(coeffs[j]))
         return out.to(torch.float32)
+
+    def table_block(self) -> int:
+        """``B``: coordinates per block of the table's product (the ``m × B`` block of ``Z`` and
+        the ``n × B`` block of noise, float64, fit in :attr:`memory_budget`; at least 1)."""
+        n, m = self.noising.shape
+        return int(max(1, min(self.dim, self.memory_budget // (8 * (n + m)))))
+
+    def _build_table(self, draw: Draw) -> None:
+        """Compute every row of ``M·Z`` into a file in :attr:`scratch` (see the class docstring)."""
+        import os
+        import tempfile
+
+        import numpy as np
+
+        assert self.scratch is not None
+        n, m = self.noising.shape
+        self.scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.scratch, 0o700)
+        for stale in self.scratch.glob(TABLE_PREFIX + "*"):  # a killed process's table
+            stale.unlink(missing_ok=True)
+        fd, name = tempfile.mkstemp(prefix=TABLE_PREFIX, dir=self.scratch)  # created 0600
+        os.close(fd)
+        self._table_path = Path(name)
+        rows = max(n, m)
+        table = np.memmap(name, dtype=np.float32, mode="w+", shape=(rows, self.dim))
+        for j in range(m):
+            table[j] = draw(j).cpu().numpy()
+        width = self.table_block()
+        for a in range(0, self.dim, width):
+            z = np.array(table[:m, a : a + width], dtype=np.float64)
+            table[:n, a : a + width] = (self.noising @ z).astype(np.float32)
+        table.flush()
+        del table
+        self._table = np.memmap(name, dtype=np.float32, mode="r", shape=(rows, self.dim))
+
+    def close(self) -> None:
+        """Delete the noise table, if one was made (the run ended, or its folder changed)."""
+        self._table = None
+        if self._table_path is not None:
+            self._table_path.unlink(missing_ok=True)
+            self._table_path = None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.close()  # a table made under another key is not this run's
+        self._store.clear()
 
     def row_variance(self, t: int) -> float:
         return float((self.noising[int(t)] ** 2).sum())

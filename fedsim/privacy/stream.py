@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,6 +62,14 @@ class NoiseStream(ABC):
     def row_variance(self, t: int) -> float:
         """Per-coordinate variance of ``n_t``: ``‖row_t(M)‖²`` (1 for independent noise)."""
         return 1.0
+
+    def set_scratch(self, folder: Path | None) -> None:
+        """Where the stream may keep working files as secret as the key (a noise table,
+        :class:`fedsim.privacy.noise.MatrixStream`); streams that keep none ignore it."""
+        del folder
+
+    def close(self) -> None:  # noqa: B027 - a hook; most streams keep no files
+        """Delete any working files (the run ended); streams that keep none do nothing."""
 
     def state_dict(self) -> dict[str, Any]:
         """The stream's state (besides the key, which the wrapper keeps)."""

@@ -35,6 +35,7 @@ from fedsim.privacy.accounting import (
 )
 from fedsim.privacy.ledger import Ledger
 from fedsim.privacy.mechanisms import MFPlan, check_independent_mechanism, make_noise, plan_mf
+from fedsim.privacy.noise import MatrixStream
 from fedsim.privacy.participation import GroupScheme, ParticipationScheme, make_scheme
 from fedsim.privacy.rng import PrivacyKey
 from fedsim.protocol import Task
@@ -591,6 +592,8 @@ def dp_server(
     control). fedsim's own runs and the Flower wrapper (:mod:`fedsim.flower`) both build theirs
     here. Returns the server and the example-level DP settings (None for user-level DP)."""
     noise = make_noise(prep.spec.mechanism, prep.num_params, key.derive("noise"), device, prep.plan)
+    if isinstance(noise.stream, MatrixStream):  # its history: privacy.noise_memory_mib
+        noise.stream.memory_budget = cfg.privacy.noise_memory_mib << 20
     ledger, example_dp = _build_ledger(cfg, prep, notes)
     return _build_server(cfg, prep, noise, key, ledger, device), example_dp
 

@@ -66,6 +66,8 @@ _LATER_KEYS = {
     "clipping.stability": 0.01,
     "client.local_update": None,
     "plugins": None,
+    "privacy.noise_memory_mib": 1024,
+    "privacy.noise_table": True,
 }
 
 

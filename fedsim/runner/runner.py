@@ -204,6 +204,8 @@ def _execute_run(
     if progress:
         print_header(run, out)
     status = "failed"
+    if cfg.privacy.noise_table:  # a noise table is as secret as the key: next to it, deleted at the end
+        run.server.noise.set_scratch(out / "checkpoint")
     try:
         callbacks.on_start(run, out, resume)
         execute(run, strategy, client_app, stop, f"fedsim run --resume {out}")
@@ -236,6 +238,7 @@ def _execute_run(
             callbacks.on_end(None, status)
         raise
     finally:
+        run.server.noise.close()
         callbacks.close()
 
 
