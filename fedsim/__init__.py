@@ -1,15 +1,15 @@
 """fedsim: a federated-learning simulator for user-level differential privacy.
 
-The public API is ``fedsim.__all__`` (defined in :mod:`fedsim.api`): ``load_config``, ``run``,
-``privacy_report``, ``sweep``, ``audit`` and the ``register_*`` functions; for Flower apps,
-:mod:`fedsim.flower`. Every other module is internal and may move between versions.
+The public API is `fedsim.__all__` (defined in `fedsim.api`): `load_config`, `run`,
+`privacy_report`, `sweep`, `audit` and the `register_*` functions; for Flower apps,
+`fedsim.flower`. Every other module is internal and may move between versions.
 
 Everything here is importable without a running Flower process. The Flower glue is
-``fedsim.strategies`` (server side) and ``fedsim.clients`` (client side). In the source tree and
-in a Flower app bundle (``flwr run .``) those two packages are the top-level folders
-``strategies/`` and ``clients/`` beside this package; the wheel installs them inside it. Either
-way they are imported by their ``fedsim.`` names only, so no generic top-level ``strategies`` or
-``clients`` package is ever installed or imported.
+`fedsim.strategies` (server side) and `fedsim.clients` (client side). In the source tree and
+in a Flower app bundle (`flwr run .`) those two packages are the top-level folders
+`strategies/` and `clients/` beside this package; the wheel installs them inside it. Either
+way they are imported by their `fedsim.` names only, so no generic top-level `strategies` or
+`clients` package is ever installed or imported.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ _BESIDE = ("strategies", "clients")
 
 
 def _map_packages_beside() -> None:
-    """Import ``strategies/`` and ``clients/`` beside this package as ``fedsim.strategies`` and
-    ``fedsim.clients`` (source tree, Flower app bundle); an installed wheel holds them inside
-    the package and needs nothing. Only the packages' ``__init__`` runs here (a docstring)."""
+    """Import `strategies/` and `clients/` beside this package as `fedsim.strategies` and
+    `fedsim.clients` (source tree, Flower app bundle); an installed wheel holds them inside
+    the package and needs nothing. Only the packages' `__init__` runs here (a docstring)."""
     here = Path(__file__).resolve().parent
     for name in _BESIDE:
         full = f"{__name__}.{name}"
@@ -46,7 +46,7 @@ _map_packages_beside()
 
 
 def _version() -> str:
-    """The installed distribution's version (the source tree's ``pyproject.toml`` otherwise)."""
+    """The installed distribution's version (the source tree's `pyproject.toml` otherwise)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -57,9 +57,10 @@ def _version() -> str:
 
 __version__ = _version()
 
-#: The public Python API (:mod:`fedsim.api`), imported on first use so that ``import fedsim``
+#: The public Python API (`fedsim.api`), imported on first use so that `import fedsim`
 #: stays light (no torch, Flower or Ray until a function is called). Everything else may move.
 _API = (
+    "ModelKind",
     "RunResult",
     "audit",
     "load_config",

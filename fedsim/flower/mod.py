@@ -1,20 +1,20 @@
-"""The client side of :class:`fedsim.flower.UserLevelDP`: one Flower mod, :func:`user_dp_mod`.
+"""The client side of `fedsim.flower.UserLevelDP`: one Flower mod, `user_dp_mod`.
 
-Added to a ClientApp (``ClientApp(mods=[user_dp_mod])``) it does two things:
+Added to a ClientApp (`ClientApp(mods=[user_dp_mod])`) it does two things:
 
 - **Clips on the node** (the client-side variant): for a train message that carries
-  :data:`KEY_CLIP_NORM` in its config record, the reply's model ``y`` is replaced by
-  ``x + clip(y − x, c)``, where ``x`` is the model the message carried. The raw update never
-  leaves the node. A non-finite update becomes ``x`` (zero update), and the reply says so.
+  `KEY_CLIP_NORM` in its config record, the reply's model `y` is replaced by
+  `x + clip(y − x, c)`, where `x` is the model the message carried. The raw update never
+  leaves the node. A non-finite update becomes `x` (zero update), and the reply says so.
 - **Answers the census** (stable identities): a train message whose config carries
-  :data:`KEY_CENSUS` (and no model) is answered, without calling the app,
+  `KEY_CENSUS` (and no model) is answered, without calling the app,
   with the node's identity from its node config (a census rides on the train type because a
-  Flower mod only sees message types the app registered): ``user-id`` if set (deployment: one user per
-  node, named by the operator), else ``partition-id`` (Flower's simulation and most examples).
+  Flower mod only sees message types the app registered): `user-id` if set (deployment: one user per
+  node, named by the operator), else `partition-id` (Flower's simulation and most examples).
   The server keys a user's rounds on this identity, so they survive a SuperLink restart, and two
   nodes claiming one identity are refused.
 
-The server never trusts the node: it re-clips every reply to ``c`` whatever the mod did.
+The server never trusts the node: it re-clips every reply to `c` whatever the mod did.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _config(msg: Message) -> ConfigRecord | None:
 
 
 def node_identity(node_config: dict[str, Any]) -> str | None:
-    """The identity a node reports: ``user-id``, else ``partition-id``, else None."""
+    """The identity a node reports: `user-id`, else `partition-id`, else None."""
     for key in ("user-id", "partition-id"):
         if key in node_config:
             return f"{key}={node_config[key]}"
@@ -65,7 +65,7 @@ def _census_reply(msg: Message, context: Context) -> Message:
 
 
 def _clip_reply(sent: ArrayRecord, x: np.ndarray, reply: Message, clip_norm: float) -> Message:
-    """``reply`` with its model ``y`` replaced by ``x + clip(y − x, c)`` (``x``: ``sent`` flat)."""
+    """`reply` with its model `y` replaced by `x + clip(y − x, c)` (`x`: `sent` flat)."""
     arrays = list(reply.content.array_records.items()) if reply.has_content() else []
     if len(arrays) != 1:
         return reply  # nothing to clip; the server drops a reply without exactly one model
@@ -84,9 +84,9 @@ def _clip_reply(sent: ArrayRecord, x: np.ndarray, reply: Message, clip_norm: flo
 
 
 def user_dp_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """A Flower client mod for :class:`fedsim.flower.UserLevelDP` (see the module docstring).
+    """A Flower client mod for `fedsim.flower.UserLevelDP` (see the module docstring).
 
-    Place it last among the mods that touch the model (``ClientApp(mods=[..., user_dp_mod])``),
+    Place it last among the mods that touch the model (`ClientApp(mods=[..., user_dp_mod])`),
     so that it clips what is actually sent."""
     config = _config(msg)
     if msg.metadata.message_type == MessageType.TRAIN and config is not None and KEY_CENSUS in config:

@@ -219,17 +219,26 @@ class ResNet18GN(nn.Module):
 
 @dataclass(frozen=True)
 class ModelKind:
-    """A registered model.
+    """A model for `fedsim.register_model` (public as `fedsim.ModelKind`).
 
     Parameters
     ----------
-    name : ``model.name``.
-    task : the datasets' task it is built for (``char``, ``nwp``, ``tag``, ``femnist``,
-        ``cifar100``, ``vector``; a dataset's registered task).
-    cls : the module class; built with the dataset's :meth:`model_dims`, ``kwargs`` and
-        ``dp_layers``.
-    kwargs : fixed keyword arguments (layer sizes).
-    summary : one line for the docs.
+    name : str
+        The name configs give as `model.name`.
+    task : str
+        The dataset task it is built for: `char`, `nwp`, `tag`, `femnist`, `cifar100`,
+        `vector`, or a registered dataset's own task.
+    cls : type[torch.nn.Module]
+        The module class. fedsim builds it as `cls(**dims, **kwargs, dp_layers=...)`, with the
+        parameters initialised from the run's seed. `dims` are the dataset's sizes for the task:
+        `char` `vocab_size`; `nwp` `num_classes`; `tag` `in_features` and `out_features`;
+        `femnist` and `cifar100` `channels`, `size` and `num_classes`; `vector` `in_features`
+        and `num_classes`. `dp_layers` is True under example-level DP
+        (`privacy.unit = "example"`), where the module must be Opacus-compatible.
+    kwargs : dict
+        Fixed keyword arguments for `cls` (layer sizes); `{}` for none.
+    summary : str
+        One line for the docs and `--help`.
     """
 
     name: str
