@@ -209,6 +209,8 @@ def run(
     folder = summary.get("run_folder")
     if folder:
         typer.echo(f"run folder: {folder} (plots and a table: fedsim report {folder})")
+        if (Path(folder) / "report.html").exists():
+            typer.echo(f"pictures: {Path(folder) / 'plots'}; one page with them all: {Path(folder) / 'report.html'}")
 
 
 @app.command()
@@ -335,13 +337,14 @@ def report(
     run_dirs = [d / "run" if d in audits else d for d in run_dirs if d not in sweeps]
     if not run_dirs:
         return
-    for d in run_dirs:
-        plot_run(d)
+    drawn = {d: plot_run(d) for d in run_dirs}
     rows = comparison_table(run_dirs)
     if plot is not None:
-        plot_comparison(run_dirs, plot)
+        drawn[Path("--plot")] = [plot_comparison(run_dirs, plot)]
     if ablation is not None:
-        plot_ablation(run_dirs, ablation)
+        drawn[Path("--ablation")] = [plot_ablation(run_dirs, ablation)]
+    for d, files in drawn.items():  # where the pictures are (stderr under --json: stdout stays JSON)
+        typer.echo(f"{d}: {', '.join(str(f) for f in files)}", err=as_json)
     if as_json:
         typer.echo(
             json.dumps(
@@ -725,9 +728,11 @@ def audit(
         list[str] | None,
         typer.Option(
             "--attack",
-            help="gradient (default: random-direction canaries, a one-shot ε estimate), canary "
-            "(secret-sharer canary users: exposure) or user-inference (held-in vs held-out users: "
-            "AUC, TPR at low FPR, an ε lower bound); canary and user-inference can share one run.",
+            help="gradient (default: random-direction canaries, a one-shot ε estimate), one-run "
+            "(gradient canaries each included with probability 1/2: one-run ε lower bounds for the "
+            "final-model and every-model adversaries), canary (secret-sharer canary users: exposure) "
+            "or user-inference (held-in vs held-out users: AUC, TPR at low FPR, an ε lower bound); "
+            "canary and user-inference can share one run.",
         ),
     ] = None,
     canaries: Annotated[
@@ -763,7 +768,10 @@ def audit(
 
     gradient (default): M canaries, each a full-norm update in its own random direction, and a
     one-shot ε estimate from their cosines with the final model delta (Andrew et al., ICLR 2024);
-    audit.json goes into the run folder. canary: M secret-sharer canary users (a real user's text
+    audit.json goes into the run folder. one-run: M gradient canaries, each included with
+    probability 1/2 by a keyed coin, and 1 − alpha lower bounds on ε (Steinke–Nasr–Jagielski and
+    one-run f-DP) for the final-model and every-model adversaries; one_run_audit.json goes into
+    the run folder. canary: M secret-sharer canary users (a real user's text
     with a random secret inserted r times) and each secret's exposure. user-inference: held-in vs
     held-out users scored by the final model against the initial one; ROC AUC, TPR at 1 % and
     0.1 % FPR, and a 95 % lower bound on ε at the run's δ. Text attacks write an audit folder
@@ -774,6 +782,9 @@ def audit(
     _offline_env()
     attacks = _attacks(attack)
     cfg = load_config(config, set_ or [])
+    if "one-run" in attacks:
+        _one_run_audit(cfg, out, attacks, canaries, alpha, as_json)
+        return
     if "gradient" not in attacks:
         opts = _text_audit_options(attacks, canaries, repetitions, secret_length, canary_size, references, held_out)
         _text_audit(cfg, out, opts, as_json)
@@ -808,10 +819,39 @@ def audit(
     )
 
 
+def _one_run_audit(
+    cfg: Any, out: Path | None, attacks: tuple[str, ...], m: int | None, alpha: float, as_json: bool
+) -> None:
+    """`fedsim audit --attack one-run`: one line per adversary and bound, next to the ledger's ε."""
+    if len(attacks) > 1:
+        raise FedsimError("--attack one-run runs alone; run the other attacks separately")
+    if not 0.0 < alpha < 1.0:
+        raise FedsimError(f"--alpha must be in (0, 1) (got {alpha})")
+    from fedsim.privacy.display import format_delta, format_epsilon
+    from fedsim.runner.audit import run_one_run_audit
+
+    rep = run_one_run_audit(cfg, out, 1000 if m is None else m, confidence=1.0 - alpha, progress=not as_json)
+    if as_json:
+        typer.echo(json.dumps(rep))
+        return
+    led = rep["ledger_epsilon"]
+    typer.echo(
+        f"one-run audit: {rep['num_canaries']} canaries ({rep['num_included']} included), ledger ε = "
+        f"{format_epsilon(led)} at δ = {format_delta(rep['delta'])} ({_relation(rep.get('neighboring_relation'))}); "
+        f"ceiling for m: snj {rep['ceiling']['snj']:.3f}, fdp {rep['ceiling']['fdp']:.3f}"
+    )
+    for b in rep["bounds"]:
+        typer.echo(
+            f"  {b['adversary']:<16} {b['method']:<3}  ε ≥ {b['epsilon']:.3f} with {100 * b['confidence']:.0f}% "
+            f"confidence ({b['correct']} of {b['guesses']} guesses correct, {b['candidates']} rules paid for)"
+        )
+    typer.echo(f"A lower bound for each adversary: see {Path(rep['run_dir']) / 'one_run_audit.json'}")
+
+
 def _attacks(attack: list[str] | None) -> tuple[str, ...]:
     """``--attack`` values, checked (default ``gradient``)."""
     attacks = tuple(attack or ["gradient"])
-    allowed = ("gradient", "canary", "user-inference")
+    allowed = ("gradient", "one-run", "canary", "user-inference")
     bad = [a for a in attacks if a not in allowed]
     if bad:
         raise FedsimError(f"--attack {', '.join(bad)}: allowed are {', '.join(allowed)} (default gradient)")

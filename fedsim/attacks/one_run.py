@@ -437,3 +437,79 @@ def perfect_separation_bound(
     inc[:n_in] = True
     scores = np.where(inc, 1.0 + np.arange(m), -1.0 - np.arange(m))
     return one_run_bound(scores, inc, delta, confidence=confidence, method=method, sides=sides).epsilon
+
+
+# --------------------------------------------------------------------------- every-release scores
+def whitening(
+    noise_std: ArrayLike, strategy: np.ndarray | None = None, row_variance: ArrayLike | None = None
+) -> np.ndarray:
+    """`W` (`T × T`) that turns a canary direction's projections of the `T` noisy sums into
+    observations with independent N(0, 1) noise: `W·n ~ N(0, I)` for the noise `n` along a unit
+    direction.
+
+    Parameters
+    ----------
+    noise_std : `σ_t = c_t·z·sens`, the std of round `t`'s noise before correlation (length `T`).
+    strategy : the strategy matrix `C` of a matrix-factorization run (noise `σ·C⁻¹·Z`, so
+        `W = C·diag(1/σ)`: the decorrelated statistic); its leading `T × T` block is used. None
+        for independent noise or for the raw statistic.
+    row_variance : with `strategy` None, the variance of each noise row relative to `σ_t²`
+        (`Σ_j C⁻¹[t, j]²` for MF): the raw statistic treats rounds as independent with
+        std `σ_t·√row_variance[t]` (`W` diagonal). Default all ones (independent noise).
+    """
+    s = np.asarray(noise_std, dtype=np.float64).reshape(-1)
+    t = s.size
+    if strategy is not None:
+        c = np.asarray(strategy, dtype=np.float64)[:t, :t]
+        return c / s[None, :]
+    rv = np.ones(t) if row_variance is None else np.asarray(row_variance, dtype=np.float64).reshape(-1)[:t]
+    return np.diag(1.0 / (s * np.sqrt(rv)))
+
+
+def every_release_scores(
+    projections: ArrayLike,
+    clip: ArrayLike,
+    whiten: np.ndarray,
+    *,
+    groups: int = 1,
+    rate: float = 1.0,
+) -> np.ndarray:
+    """Log-likelihood-ratio scores of canaries from every round's noisy sum (higher = more
+    likely included).
+
+    Parameters
+    ----------
+    projections : `m × T`, `⟨u_k, U_t + noise_t⟩` for canary `k`'s unit direction `u_k` and
+        round `t`'s noisy sum (sum space, before the division by `K̄`).
+    clip : `c_t` per round (the canary's contribution to the sum along `u_k` when it takes part).
+    whiten : `W` from `whitening`.
+    groups : `b`, rounds cycle through `b` groups (round `t` trains group `t mod b`); 1 for
+        Poisson sampling.
+    rate : the probability that a canary of the round's group takes part (Poisson thinning;
+        1 for fixed epochs).
+
+    Returns, with `y = W·p_k` and `a_τ = W·(c_τ e_τ)`:
+
+    - `rate = 1`: `log mean_g exp(⟨y, a_g⟩ − ‖a_g‖²/2)` with `a_g = Σ_{τ ≡ g} a_τ`, the exact
+      likelihood ratio of "included" when the canary's group is unknown and other users' updates
+      are noise;
+    - `rate < 1`: `log mean_g Π_{τ ≡ g} (1 − rate + rate·exp(⟨y, a_τ⟩ − ‖a_τ‖²/2))`, exact for
+      independent noise and a per-round approximation when `W` is not diagonal.
+
+    Any score gives a valid bound; this one is what the noise model says is most powerful.
+    """
+    p = np.asarray(projections, dtype=np.float64)
+    c = np.asarray(clip, dtype=np.float64).reshape(-1)
+    t = p.shape[1]
+    y = p @ whiten.T  # m × T
+    a = whiten * c[None, :]  # column τ is a_τ
+    if rate >= 1.0:
+        per_group = []
+        for g in range(groups):
+            ag = a[:, g::groups].sum(axis=1)
+            per_group.append(y @ ag - 0.5 * float(ag @ ag))
+        return np.logaddexp.reduce(np.stack(per_group), axis=0) - math.log(groups)
+    x = y @ a - 0.5 * (a * a).sum(axis=0)[None, :]  # m × T: log LR of one participation at τ
+    terms = np.logaddexp(math.log1p(-rate), math.log(rate) + x)
+    per_group = [terms[:, g:t:groups].sum(axis=1) for g in range(groups)]
+    return np.logaddexp.reduce(np.stack(per_group), axis=0) - math.log(groups)

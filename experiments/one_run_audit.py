@@ -1,0 +1,160 @@
+"""One-run audit goals table (issue 48): ε lower bounds from m = 1000 gradient canaries against
+the ledger's ε, for independent Gaussian noise and for BLT and banded MF noise, and the wall-time
+cost of an audit against a plain run.
+
+Every arm is `fedsim.runner.audit.run_one_run_audit` on a small Shakespeare run that fits a
+2-core machine: `shakespeare_lstm_small` (59,232 parameters), 30 real users, 10 rounds,
+δ = 1e-5, the in-process engine. Arms:
+
+- `gaussian`: independent Gaussian noise, Poisson sampling with K̄ = 265 (q ≈ 1/2 of the ≈ 530
+  users the audit trains on), ε ∈ {1, 2, 4, 8};
+- `identity`, `blt`, `banded`: matrix-factorization noise (identity = independent noise without
+  amplification), fixed epochs: 5 keyed groups, round t trains group t mod 5, each user
+  twice (min_sep = 5, max_participations = 2), ε ∈ {1, 2, 4, 8};
+  MF arms report the decorrelated every-model statistic and the raw one.
+
+Run (one arm at a time, about a minute each)::
+
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/one_run_audit.py --json experiments/one_run_audit.json
+
+It prints a markdown table (also written next to the JSON as .md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BASE = [
+    "model.name='shakespeare_lstm_small'",
+    "data.max_users=30",
+    "rounds=10",
+    "client.max_examples=16",
+    "client.batch_size=8",
+    "eval.every=0",
+    "eval.max_users=4",
+    "eval.max_examples_per_user=4",
+    "sim.engine='inprocess'",
+    "sim.num_workers=1",
+    "privacy.delta=1e-5",
+]
+POISSON = ["sampling.scheme='poisson'", "sampling.cohort_size=265"]
+EPOCHS = ["sampling.scheme='epochs'", "sampling.min_sep=5", "sampling.max_participations=2"]
+ARMS = {
+    "gaussian": ["privacy.mechanism='gaussian'", *POISSON],
+    "identity": ["privacy.mechanism='identity'", *EPOCHS],
+    "blt": ["privacy.mechanism='blt'", *EPOCHS],
+    "banded": ["privacy.mechanism='banded'", *EPOCHS],
+}
+EPSILONS = (1.0, 2.0, 4.0, 8.0)
+
+
+def _env() -> None:
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("FLWR_HOME", tempfile.mkdtemp(prefix="flwr-"))
+    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="ray-"))
+
+
+def arm(mechanism: str, eps: float, m: int, work: Path) -> dict[str, Any]:
+    """One audited run; the report's bounds flattened to one row per (adversary, method)."""
+    from fedsim.config import load_config
+    from fedsim.runner.audit import run_one_run_audit
+
+    cfg = load_config(None, BASE + ARMS[mechanism] + [f"privacy.target_epsilon={eps}"])
+    t0 = time.perf_counter()
+    rep = run_one_run_audit(cfg, work / f"{mechanism}-{eps:g}", m, progress=False)
+    wall = time.perf_counter() - t0
+    return {
+        "mechanism": mechanism,
+        "target_epsilon": eps,
+        "ledger_epsilon": rep["ledger_epsilon"],
+        "delta": rep["delta"],
+        "num_canaries": rep["num_canaries"],
+        "num_included": rep["num_included"],
+        "ceiling": rep["ceiling"],
+        "noise_multiplier": rep["noise_multiplier"],
+        "wall_s": wall,
+        "bounds": {
+            f"{b['adversary']}/{b['method']}": {k: b[k] for k in ("epsilon", "guesses", "correct")}
+            for b in rep["bounds"]
+        },
+    }
+
+
+def timing(work: Path, m: int) -> dict[str, float]:
+    """Wall time of a plain run and of the audited run of the same experiment (gaussian, ε = 4),
+    measured back to back in this process."""
+    from fedsim.config import load_config
+    from fedsim.runner import run_experiment
+    from fedsim.runner.audit import run_one_run_audit
+
+    cfg = load_config(None, BASE + ARMS["gaussian"] + ["privacy.target_epsilon=4.0"])
+    t0 = time.perf_counter()
+    run_experiment(cfg, work / "plain", progress=False)
+    plain = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    run_one_run_audit(cfg, work / "audited", m, progress=False)
+    audited = time.perf_counter() - t0
+    return {"plain_s": plain, "audit_s": audited, "ratio": audited / plain}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The goals table (markdown): ε_LB per adversary and method, ½ε and the ceiling for m."""
+    lines = [
+        "| noise | ledger ε | ½ε | ceiling snj / fdp | final model snj / fdp | every model snj / fdp | every model, raw snj / fdp |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        b = r["bounds"]
+
+        def pair(adv: str, b: dict[str, Any] = b) -> str:
+            if f"{adv}/snj" not in b:
+                return "—"
+            return f"{b[adv + '/snj']['epsilon']:.2f} / {b[adv + '/fdp']['epsilon']:.2f}"
+
+        led = r["ledger_epsilon"]
+        lines.append(
+            f"| {r['mechanism']} | {led:.2f} | {led / 2:.2f} | {r['ceiling']['snj']:.2f} / {r['ceiling']['fdp']:.2f} "
+            f"| {pair('final-model')} | {pair('every-model')} | {pair('every-model-raw')} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", type=Path, default=None, help="write the rows here (and the table next to it as .md)")
+    p.add_argument("--canaries", type=int, default=1000, help="m, canaries with a coin (default 1000)")
+    p.add_argument("--mechanisms", default=",".join(ARMS), help="comma-separated arms (default all)")
+    p.add_argument("--epsilons", default=",".join(f"{e:g}" for e in EPSILONS), help="target ε values")
+    p.add_argument("--no-timing", action="store_true", help="skip the plain-vs-audit timing pair")
+    args = p.parse_args()
+    _env()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="one-run-audit-") as tmp:
+        work = Path(tmp)
+        for mech in args.mechanisms.split(","):
+            for eps in (float(e) for e in args.epsilons.split(",")):
+                rows.append(arm(mech, eps, args.canaries, work))
+                print(json.dumps(rows[-1]), flush=True)
+        cost = None if args.no_timing else timing(work, args.canaries)
+    md = table(rows)
+    print(md)
+    if cost is not None:
+        print(
+            f"wall time: plain run {cost['plain_s']:.1f} s, audited run {cost['audit_s']:.1f} s (× {cost['ratio']:.2f})"
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps({"rows": rows, "timing": cost}, indent=1), encoding="utf-8")
+        args.json.with_suffix(".md").write_text(md + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
