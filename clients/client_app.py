@@ -140,11 +140,16 @@ def train(msg: Message, context: Context) -> Message:
             # isolation: users that contributed zero because their training raised / was not finite
             "failed_users": int(sum(r.failed for r in results)),
             "nonfinite_users": int(sum(r.nonfinite for r in results)),
+            # of those, users whose code (model, loss, hook) raised rather than their data's reads
+            "code_failed_users": int(sum(r.code_error is not None for r in results)),
         }
     )
     if task.record_statistics:  # the loss and the examples taken are not covered by any DP noise
         metrics["user_loss"] = [float(r.loss) for r in results]
         metrics["user_examples"] = [int(r.num_examples) for r in results]
+    first_error = next((r.code_error for r in results if r.code_error is not None), None)
+    if first_error is not None:  # the server shows the traceback and stops if nobody could train
+        extra_records[protocol.FAILURE] = ConfigRecord({"traceback": first_error[-protocol.TRACEBACK_CHARS :]})
     content = RecordDict(
         {
             protocol.ARRAYS: ArrayRecord({protocol.UPDATE_SUM: Array(total.numpy()), **arrays}),

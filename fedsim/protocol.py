@@ -11,8 +11,11 @@ Train reply (node → server):
   ``arrays``  ArrayRecord  ``update_sum``: Σ clip(Δ_i, c) over those users, flat float32;
                            ``residual_sum``: server error feedback only, Σ(Δ_i − clip(Δ_i, c₁))
   ``client_state`` ArrayRecord  client error feedback only: the users' new ``e_<user>``
+  ``failure``  ConfigRecord only when a user's code raised: ``traceback``, the first one (its
+                           last `TRACEBACK_CHARS` characters)
   ``metrics`` MetricRecord ``num_users``, ``user_ids``, ``num_clipped``, ``failed_users``,
-                           ``nonfinite_users``; ``user_loss`` and ``user_examples`` only
+                           ``nonfinite_users``, ``code_failed_users`` (failed users whose model,
+                           loss or hook raised, not their data's reads); ``user_loss`` and ``user_examples`` only
                            when ``Task.record_statistics`` (never under example-level DP with
                            ``privacy.silo_statistics = "withhold"``)
 Evaluate message: ``params``, ``task``, ``user_ids``, ``max_examples``;
@@ -40,6 +43,9 @@ PARAMS = "params"
 DIRECTION = "direction"
 RESIDUAL_SUM = "residual_sum"
 CLIENT_STATE = "client_state"
+FAILURE = "failure"
+#: the most characters of a failing user's traceback that a reply carries.
+TRACEBACK_CHARS = 8000
 
 
 def state_key(user: int) -> str:

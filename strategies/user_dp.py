@@ -11,6 +11,7 @@ Then the metrics line, the checkpoint and the progress line.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -106,6 +107,18 @@ def screen_replies(
     return out
 
 
+_LOG = logging.getLogger("fedsim")
+
+
+def _reply_traceback(msg: Message) -> str | None:
+    """The traceback a train reply carries of a user whose code raised (None: none)."""
+    try:
+        rec = msg.content.config_records.get(protocol.FAILURE)
+        return None if rec is None else str(rec["traceback"])[-protocol.TRACEBACK_CHARS :]
+    except Exception:  # a malformed record is no traceback
+        return None
+
+
 @dataclass
 class RoundStats:
     """Side statistics summed over one round's accepted replies, and the server-EF residual sum.
@@ -118,6 +131,9 @@ class RoundStats:
     clipped: int = 0
     failed_users: int = 0
     nonfinite_users: int = 0
+    code_failed_users: int = 0
+    #: the first traceback a reply carried of a user whose code (model, loss, hook) raised.
+    traceback: str | None = None
     centred: float = 0.0
     residual: Any = None
 
@@ -127,6 +143,7 @@ class RoundStats:
         self.examples += int(sum(metrics.get("user_examples", [])))
         self.failed_users += min(max(_as_int(metrics.get("failed_users", 0)), 0), m)
         self.nonfinite_users += min(max(_as_int(metrics.get("nonfinite_users", 0)), 0), m)
+        self.code_failed_users += min(max(_as_int(metrics.get("code_failed_users", 0)), 0), m)
         n_clip = min(max(_as_int(metrics.get("num_clipped", 0)), 0), m)  # guard: 0 ≤ · ≤ m
         self.clipped += n_clip
         self.centred += m / 2.0 - n_clip
@@ -225,6 +242,11 @@ class UserLevelDPStrategy(Strategy):
         self.stop = stop
         #: the round abandoned on a stop request, if any (None: the run ended normally).
         self.abandoned_round: int | None = None
+        #: where the first traceback of each kind of failing user code is written (the run
+        #: folder's failures.log; set by the runner). None: the terminal only.
+        self.failure_log: Any = None
+        #: the kinds of failure (a traceback's last line) already shown.
+        self.failures_shown: set[str] = set()
         #: seconds between two polls for replies: from ``pull_interval_min`` after a push or a reply,
         #: doubling up to ``pull_interval`` (a reply close behind another is collected within ms).
         self.pull_interval, self.pull_interval_min = 0.05, 0.001
@@ -374,6 +396,7 @@ class UserLevelDPStrategy(Strategy):
             if node not in screened.seen:
                 agg.drop("missing", len(users))
         self._require_enough_replies(server_round)
+        self._report_code_failures(server_round, stats)
         if self.synthetic is not None and self._synthetic_cohort:
             ids = self._synthetic_cohort
             if (
@@ -417,7 +440,44 @@ class UserLevelDPStrategy(Strategy):
             elif self.ef_mode == "server":
                 stats.residual = extra if stats.residual is None else stats.residual + extra
             stats.add_metrics(metrics, len(users))
+            if stats.traceback is None:
+                stats.traceback = _reply_traceback(msg)
         return stats
+
+    def _report_code_failures(self, server_round: int, stats: RoundStats) -> None:
+        """Show the first traceback of each kind of failing user code (terminal and
+        `failure_log`), and stop the run before the noise when every sampled user whose reply
+        arrived failed for a code reason: nothing but noise could be published."""
+        if stats.traceback is not None:
+            kind = stats.traceback.rstrip().splitlines()[-1] if stats.traceback.strip() else "error"
+            if kind not in self.failures_shown:
+                self.failures_shown.add(kind)
+                where = f" (also in {self.failure_log})" if self.failure_log is not None else ""
+                _LOG.warning(
+                    "round %d: a user's local training raised in your code%s; first traceback of %r:\n%s",
+                    server_round,
+                    where,
+                    kind,
+                    stats.traceback,
+                )
+                if self.failure_log is not None:
+                    with open(self.failure_log, "a", encoding="utf-8") as f:
+                        f.write(f"round {server_round}: {kind}\n{stats.traceback}\n")
+        users = self.aggregator.accepted_users
+        if users and stats.code_failed_users >= users:
+            last = (stats.traceback or "").rstrip().splitlines()[-1:] or ["(no traceback)"]
+            folder = self.failure_log.parent if self.failure_log is not None else "RUN_FOLDER"
+            raise FedsimError(
+                f"round {server_round}: every sampled user's local training failed in your code ({users} of "
+                f"{users}): {last[0]}. The run stopped before adding noise; no privacy was spent on this round. "
+                f"Fix the model, loss or client.local_update (the traceback is above"
+                f"{' and in ' + str(self.failure_log) if self.failure_log is not None else ''}), "
+                + (
+                    f"then resume: `fedsim run --resume {folder}`."
+                    if self.server.round > 0
+                    else f"then start it again (no round was completed, nothing to resume: remove {folder} first)."
+                )
+            )
 
     def _require_enough_replies(self, server_round: int) -> None:
         """Stop the run before the noise when fewer than ``sim.min_valid_replies`` replies count."""

@@ -197,6 +197,7 @@ def _execute_run(
     callbacks = Callbacks(cbs + extra)
     stop = StopRequest(notice=callbacks.on_stop)
     strategy = make_strategy(run, lambda row, _strategy: callbacks.on_round_end(row), stop)
+    strategy.failure_log = out / "failures.log"  # the first traceback of each kind of failing user code
     checkpointer = next(cb for cb in cbs if isinstance(cb, Checkpointer))
     strategy.on_dispatch = checkpointer.on_dispatch
     strategy.before_publish = checkpointer.before_publish

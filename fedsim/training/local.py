@@ -20,6 +20,7 @@ are unaffected, so the server never has to drop a multi-user reply because of on
 from __future__ import annotations
 
 import math
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,7 +75,9 @@ class LocalTraining:
 @dataclass
 class UserResult:
     """One user's outcome. ``failed``: local training raised; ``nonfinite``: the delta was not
-    finite. Either way the user contributed zero, and ``loss`` is NaN."""
+    finite. Either way the user contributed zero, and ``loss`` is NaN. ``code_error``: for a user
+    whose training raised outside the dataset's own reads (the model, the loss, a hook: code,
+    not data), the traceback; None otherwise."""
 
     user: int
     loss: float
@@ -83,15 +86,33 @@ class UserResult:
     clipped: bool
     failed: bool = False
     nonfinite: bool = False
+    code_error: str | None = None
 
     @property
     def ok(self) -> bool:
         return not (self.failed or self.nonfinite)
 
 
-def failed_result(user: int) -> UserResult:
-    """The result of a user whose local training raised (it contributes zero)."""
-    return UserResult(user, math.nan, 0, 0.0, False, failed=True)
+class UserDataError(Exception):
+    """A user's own data could not be read (the dataset raised): a data reason, not a code one."""
+
+
+def read_data(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, a read of one user's data; what it raises becomes a `UserDataError`."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        raise UserDataError(f"{type(e).__name__}: {e}") from e
+
+
+def failed_result(user: int, error: BaseException | None = None) -> UserResult:
+    """The result of a user whose local training raised (it contributes zero). ``error``: the
+    exception; one raised outside the dataset's reads (not a `UserDataError`) keeps its
+    traceback as ``code_error``. Default None."""
+    code = None
+    if error is not None and not isinstance(error, UserDataError):
+        code = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return UserResult(user, math.nan, 0, 0.0, False, failed=True, code_error=code)
 
 
 def isolated_clip(
@@ -157,7 +178,7 @@ def local_delta(
     dev = params[0].device
     x0 = x0.to(dev)
     g = make_generator(seed, "client", int(round_index), int(user))
-    n = data.num_train(user)
+    n = read_data(data.num_train, user)
     if spec.local_update is not None:  # a registered hook trains a fresh copy; fedsim clips (caller)
         return _hook_delta(fresh_copy(model, x0), x0, data, user, g, n, spec)
     reset_for_user(model, x0)  # nothing of the previous user: gradients, buffers, mode
@@ -177,7 +198,7 @@ def local_delta(
     for _ in range(spec.epochs):
         perm = torch.randperm(n, generator=g)[: spec.max_examples].numpy()
         for s in range(0, len(perm), spec.batch_size):
-            xb, yb = data.train_samples(user, np.sort(perm[s : s + spec.batch_size]))
+            xb, yb = read_data(data.train_samples, user, np.sort(perm[s : s + spec.batch_size]))
             if graphs is not None:
                 step_losses.append(graphs.step(xb, yb))
             else:
@@ -216,7 +237,7 @@ def _hook_delta(
         for _ in range(spec.epochs):
             perm = torch.randperm(n, generator=g)[: spec.max_examples].numpy()
             for s in range(0, len(perm), spec.batch_size):
-                xb, yb = data.train_samples(user, np.sort(perm[s : s + spec.batch_size]))
+                xb, yb = read_data(data.train_samples, user, np.sort(perm[s : s + spec.batch_size]))
                 seen[0] += len(yb)
                 yield xb.to(dev), yb.to(dev)
 
@@ -288,7 +309,7 @@ def user_delta(
     if example_dp is not None:
         from fedsim.training.example_dp import local_delta_example_dp, silo_samples
 
-        samples = silo_samples(data, user)
+        samples = read_data(silo_samples, data, user)
         return local_delta_example_dp(
             model,
             x0,
@@ -341,9 +362,9 @@ def train_one_user(
         delta, loss, seen = user_delta(
             model, x0, data, user, round_index, seed, spec, disk, d_prev, example_dp, while_queued
         )
-    except Exception:  # this user's data or training failed: it contributes zero (isolation)
+    except Exception as e:  # this user's data or training failed: it contributes zero (isolation)
         where = next(model.parameters()).device if keep_device else "cpu"
-        return torch.zeros(x0.numel(), dtype=torch.float32, device=where), failed_result(user)
+        return torch.zeros(x0.numel(), dtype=torch.float32, device=where), failed_result(user, e)
     clipped, norm, finite = isolated_clip(delta, spec.clip_norm, keep_device, spec.clip_stability)
     if not finite:
         return clipped, UserResult(user, math.nan, seen, math.inf, False, nonfinite=True)
@@ -448,8 +469,8 @@ def train_users_ef(
             else:
                 upd, norm = clip_vector(delta, spec.clip_norm)
                 residual, new_state = delta - upd, None
-        except Exception:  # isolation: a failing user contributes zero and keeps its state
-            results.append(failed_result(u))
+        except Exception as e:  # isolation: a failing user contributes zero and keeps its state
+            results.append(failed_result(u, e))
             continue
         parts = [upd] + [x for x in (new_state, residual) if x is not None]
         if not (is_finite_norm(norm) and all(bool(torch.isfinite(x).all()) for x in parts)):

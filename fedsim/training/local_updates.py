@@ -28,6 +28,7 @@ one user's data into another's update (docs/threat-model.md, "What user code is 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -43,5 +44,31 @@ LOCAL_UPDATES: Registry[LocalUpdate] = Registry("local update", "client.local_up
 
 
 def register_local_update(name: str, update: LocalUpdate) -> LocalUpdate:
-    """Register `update` as `client.local_update = name` (see the module docstring)."""
+    """Register `update` as `client.local_update = name` (see the module docstring).
+
+    Parameters
+    ----------
+    name : the name a config gives as `client.local_update`.
+    update : a callable taking `(model, batches, loss, spec)`; anything else is refused with a
+        `FedsimError` before any run.
+    """
+    from fedsim.errors import FedsimError
+
+    if not isinstance(name, str) or not name:
+        raise FedsimError(f"register_local_update: the name must be a non-empty string, not {name!r}")
+    if not callable(update):
+        raise FedsimError(
+            f"register_local_update({name!r}, …): {type(update).__name__} {update!r} is not callable; pass a "
+            f"function update(model, batches, loss, spec) -> float"
+        )
+    try:
+        inspect.signature(update).bind(None, None, None, None)
+    except TypeError:
+        raise FedsimError(
+            f"register_local_update({name!r}, …): {getattr(update, '__name__', update)!r} cannot be called as "
+            f"update(model, batches, loss, spec) (its signature is {inspect.signature(update)}); give it those "
+            f"four parameters"
+        ) from None
+    except ValueError:  # a builtin without a signature: it is called and fails loudly if it does not fit
+        pass
     return LOCAL_UPDATES.add(name, update)
