@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, writing
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -26,17 +26,18 @@ def save_checkpoint(folder: str | Path, state: dict[str, Any]) -> Path:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)  # the checkpoint holds the privacy key and the noise state
     target = folder / CHECKPOINT_NAME
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", dir=folder)  # created 0600
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with writing(target):  # a full disk is a one-line error naming the checkpoint
+        fd, tmp = tempfile.mkstemp(prefix=".ckpt-", dir=folder)  # created 0600
+        try:
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return target
 
 

@@ -311,3 +311,68 @@ def test_an_unknown_local_update_with_none_registered_says_how_to_register_one(c
     code, _, err = run_cli(capsys, "privacy", "--population", "100", "--set", "client.local_update='nope'")
     _one_line_error(code, err, "no local update is registered", "plugin")
     assert "use one of \n" not in err + "\n" and not err.rstrip().endswith("use one of")
+
+
+def _small_args(*extra):
+    return [a for s in [*SMALL, *extra] for a in ("--set", s)]
+
+
+@pytest.mark.parametrize("failure", ["oserror", "torch_zip_writer"])
+def test_a_full_disk_at_the_first_checkpoint_is_one_line_naming_the_file(capsys, tmp_path, monkeypatch, failure):
+    """Simulated by making torch.save fail as it does on a full disk: an OSError(ENOSPC) from the
+    file, or the RuntimeError torch's zip writer raises ("unexpected pos …"). The atomic write
+    leaves no half-written checkpoint."""
+    import errno
+
+    import fedsim.checkpoint as ckpt
+
+    def full(*_args, **_kwargs):
+        if failure == "oserror":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4352 vs 4246")
+
+    monkeypatch.setattr(ckpt.torch, "save", full)
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "run", "--out", str(out), "--quiet", *_small_args())
+    _one_line_error(code, err, f"could not write {out / 'checkpoint' / 'checkpoint.pt'}")
+    assert (
+        ("No space left on device; free space on that disk" in err) if failure == "oserror" else "unexpected pos" in err
+    )
+    assert not [p.name for p in (out / "checkpoint").iterdir() if p.name.startswith(".ckpt-")]
+
+
+def test_a_full_disk_at_the_end_names_the_picture_and_how_to_draw_it_again(capsys, tmp_path, monkeypatch):
+    """Simulated by a PNG write that fails with OSError(ENOSPC); the run's own files are
+    complete and `fedsim report RUN` draws the pictures afterwards."""
+    import errno
+    from pathlib import Path
+
+    real = Path.write_bytes
+
+    def full(self, data):
+        if ".png" in self.name:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "run", "--out", str(out), "--quiet", *_small_args())
+    _one_line_error(code, err, f"could not write {out / 'plots' / 'train_loss.png'}: No space left on device")
+    assert f"fedsim report {out}" in err and (out / "summary.json").exists()
+    assert not list((out / "plots").glob(".*.tmp"))  # nothing half-written
+    monkeypatch.setattr(Path, "write_bytes", real)
+    code, stdout, err = run_cli(capsys, "report", str(out))
+    assert code == 0, err
+    assert (out / "plots" / "train_loss.png").is_file() and (out / "report.html").is_file()
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_python_api_prints_progress_at_a_terminal_only(capsys, tmp_path, monkeypatch, terminal):
+    import sys
+
+    import fedsim
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: terminal)
+    fedsim.run(None, tmp_path / "run", overrides=[*SMALL, "rounds=1"])
+    got = capsys.readouterr()
+    assert ("round 1/1" in got.err) == terminal and ("fedsim: " in got.out) == terminal

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from fedsim.errors import writing
+
 #: Per-round metrics computed from users' data outside the DP mechanism: ε does not cover them.
 SIDE_STATISTICS = (
     "train_loss",
@@ -62,8 +64,9 @@ class MetricsWriter:
         self._f = self.path.open("a", encoding="utf-8")
 
     def write(self, row: dict[str, Any]) -> None:
-        self._f.write(json.dumps(_jsonable(row), sort_keys=False) + "\n")
-        self._f.flush()
+        with writing(self.path):  # a full disk names the file
+            self._f.write(json.dumps(_jsonable(row), sort_keys=False) + "\n")
+            self._f.flush()
 
     def close(self) -> None:
         self._f.close()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, writing
 from fedsim.privacy.display import format_delta, format_epsilon
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -203,102 +203,223 @@ def _empty_note(ax: Axes, text: str) -> None:
     ax.set_yticks([])
 
 
-def _round_axis(ax: Axes) -> None:
-    """Label the x axis "round" with whole-number ticks only."""
+def _round_axis(ax: Axes, rounds: Sequence[int] = ()) -> None:
+    """Label the x axis "round" with whole-number ticks only (a one-round plot included: its
+    axis spans a round either side, so it has integers to tick)."""
     from matplotlib.ticker import MaxNLocator
 
     ax.set_xlabel("round")
-    if ax.lines:  # an empty placeholder plot keeps its ticks hidden
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if not ax.lines and not ax.collections:  # an empty placeholder plot keeps its ticks hidden
+        return
+    if rounds and max(rounds) - min(rounds) < 2:
+        ax.set_xlim(min(rounds) - 1, max(rounds) + 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
-def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
-    """Plot one run: eval accuracy and ε against the round.
+def _series(metrics: Iterable[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(rounds, values) of the rounds where ``key`` is a finite number, sorted by round."""
+    points = sorted(
+        (int(m["round"]), float(m[key]))
+        for m in metrics
+        if isinstance(m.get(key), (int, float)) and not isinstance(m.get(key), bool) and math.isfinite(m[key])
+    )
+    return [r for r, _ in points], [v for _, v in points]
 
-    Writes ``accuracy.png`` (only the rounds that were evaluated; with a dashed
-    "majority class" line when the summary has ``majority_baseline_accuracy``)
-    and ``epsilon.png`` (a note instead of a curve when every ε is infinite, i.e.
-    the run had no DP).
+
+#: The pictures of a run, in the order they are drawn and shown: (file stem, title, y label).
+RUN_PLOTS: tuple[tuple[str, str, str], ...] = (
+    ("train_loss", "train loss", "mean train loss of the cohort"),
+    ("accuracy", "eval accuracy", "eval accuracy"),
+    ("eval_loss", "eval loss", "eval loss"),
+    ("epsilon", "privacy budget", "ε"),
+)
+
+
+def run_figures(run_dir: str | Path) -> dict[str, Any]:
+    """The figures of one run against the round (matplotlib ``Figure`` objects, not saved;
+    close them with ``matplotlib.pyplot.close``): ``train_loss``, ``accuracy`` (evaluated rounds,
+    with the majority-class line when the summary has one), ``eval_loss`` and ``epsilon`` (a note
+    instead of a curve where there is nothing to draw: no evaluated round, no DP, side statistics
+    not published).
 
     Parameters
     ----------
     run_dir : str or Path
-        The run folder; ``metrics.jsonl`` is required, ``summary.json`` is used
-        for the name and baseline when present (a running job has none yet).
-    out_dir : str or Path, optional
-        Folder to write the PNGs into, created if needed. Default
-        ``<run_dir>/plots``.
-
-    Returns
-    -------
-    list of Path
-        The written files: ``[accuracy.png, epsilon.png]``.
-
-    Raises
-    ------
-    FedsimError
-        If ``metrics.jsonl`` is missing or corrupted, or ``summary.json`` exists
-        but is corrupted.
+        The run folder; `metrics.jsonl` is required, `summary.json` is used for the name, the
+        baseline and the ε label when present (a running job has none yet).
     """
     run_path = Path(run_dir)
     metrics = read_metrics(run_path)
     summary = _summary_or_none(run_path)
     name = _run_name(run_path, summary)
-    target = Path(out_dir) if out_dir is not None else run_path / PLOTS_DIR
-    target.mkdir(parents=True, exist_ok=True)
     plt = _pyplot()
-
-    acc_path = target / "accuracy.png"
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    try:
-        rounds, accs = _accuracy_curve(metrics)
-        if rounds:
-            ax.plot(rounds, accs, marker="o", markersize=3, label="eval accuracy")
+    figures: dict[str, Any] = {}
+    for stem, title, ylabel in RUN_PLOTS:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        figures[stem] = fig
+        if stem == "epsilon":
+            rounds, values = _series(metrics, "epsilon")
+            empty = "no DP (ε = ∞)" if any(m.get("epsilon") == math.inf for m in metrics) else "no ε recorded"
+            ylabel = _epsilon_label(summary)
         else:
-            _empty_note(ax, "no evaluated rounds")
-        baseline = (summary or {}).get("majority_baseline_accuracy")
+            rounds, values = _series(metrics, {"accuracy": "eval_accuracy"}.get(stem, stem))
+            empty = "no evaluated rounds" if stem != "train_loss" else "no train loss recorded"
+        if rounds:
+            ax.plot(rounds, values, marker="o", markersize=3, label=title)
+        else:
+            _empty_note(ax, empty)
+        baseline = (summary or {}).get("majority_baseline_accuracy") if stem == "accuracy" else None
         if baseline is not None:
             ax.axhline(float(baseline), linestyle="--", color="grey", label="majority class")
-        if rounds or baseline is not None:
+        if rounds and baseline is not None:
             ax.legend(loc="best")
-        _round_axis(ax)
-        ax.set_ylabel("eval accuracy")
-        ax.set_title(f"{name}: eval accuracy")
+        _round_axis(ax, rounds)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{name}: {title}")
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
-        fig.savefig(acc_path, dpi=100)
-    finally:
-        plt.close(fig)
+    return figures
 
-    eps_path = target / "epsilon.png"
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+
+def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Draw one run's pictures and its HTML page.
+
+    Writes ``train_loss.png``, ``accuracy.png``, ``eval_loss.png`` and ``epsilon.png`` against
+    the round (:func:`run_figures`; with ``filter.trace_coordinates``, ``psd.png`` too) into the
+    plots folder, and ``report.html`` into the run folder: one self-contained page (the privacy
+    header, the final numbers and the plots embedded as PNG; nothing is fetched from the
+    network) to open or share.
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        The run folder; ``metrics.jsonl`` is required, ``summary.json`` is used when present.
+    out_dir : str or Path, optional
+        Folder for the PNGs, created if needed. Default ``<run_dir>/plots``.
+
+    Returns
+    -------
+    list of Path
+        The written files: the PNGs, then ``report.html``.
+
+    Raises
+    ------
+    FedsimError
+        If ``metrics.jsonl`` is missing or corrupted, ``summary.json`` exists but is corrupted,
+        or a file cannot be written (a full disk: the message names the file).
+    """
+    run_path = Path(run_dir)
+    target = Path(out_dir) if out_dir is not None else run_path / PLOTS_DIR
+    redo = f", then draw the pictures again with: fedsim report {run_path} (the run's own files are complete)"
+    with writing(target, redo):
+        target.mkdir(parents=True, exist_ok=True)
+    plt = _pyplot()
+    figures = run_figures(run_path)
+    written: list[Path] = []
+    pngs: dict[str, bytes] = {}
     try:
-        points = sorted(
-            (int(m["round"]), float(m["epsilon"]))
-            for m in metrics
-            if m.get("epsilon") is not None and math.isfinite(m["epsilon"])
-        )
-        has_inf = any(m.get("epsilon") == math.inf for m in metrics)
-        if points:
-            ax.plot([r for r, _ in points], [e for _, e in points], marker="o", markersize=3)
-        elif has_inf:
-            _empty_note(ax, "no DP (ε = ∞)")
-        else:
-            _empty_note(ax, "no ε recorded")
-        _round_axis(ax)
-        ax.set_ylabel(_epsilon_label(summary))
-        ax.set_title(f"{name}: privacy budget")
-        ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(eps_path, dpi=100)
+        for stem, fig in figures.items():
+            pngs[stem] = _figure_png(fig)
+            written.append(_write_bytes(target / f"{stem}.png", pngs[stem], redo))
     finally:
-        plt.close(fig)
-
-    written = [acc_path, eps_path]
+        for fig in figures.values():
+            plt.close(fig)
     trace = run_path / "filter_trace.npz"
     if trace.exists():
-        written.append(plot_psd(trace, target / "psd.png", title=name))
+        with writing(target / "psd.png", redo):
+            written.append(plot_psd(trace, target / "psd.png", title=_run_name(run_path, _summary_or_none(run_path))))
+    page = run_html(run_path, pngs)
+    written.append(_write_bytes(run_path / REPORT_PAGE, page.encode("utf-8"), redo))
     return written
+
+
+def _figure_png(fig: Any) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def _write_bytes(path: Path, data: bytes, advice: str = "") -> Path:
+    """Write ``data`` to ``path`` atomically (a full disk leaves the old file, or none, and is a
+    one-line error naming ``path``)."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    with writing(path, advice):
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    return path
+
+
+#: The run's self-contained HTML page, in the run folder.
+REPORT_PAGE = "report.html"
+
+
+def run_html(run_dir: str | Path, pngs: dict[str, bytes]) -> str:
+    """The run's HTML page: its privacy header (ε, δ, the relation ε is stated for, the
+    mechanism, noise, accountant, population and rounds, and the notes), its final numbers and
+    the plots ``pngs`` (stem → PNG bytes) embedded as base64 ``data:`` images. No script, style
+    sheet or image is fetched from anywhere: the file alone is the page."""
+    import base64
+    import html
+
+    from fedsim.privacy.accounting import RELATION_LABELS
+
+    run_path = Path(run_dir)
+    summary = _summary_or_none(run_path) or {}
+    name = _run_name(run_path, summary)
+    esc = html.escape
+    eps = summary.get("epsilon")
+    relation = summary.get("neighboring_relation")
+    guarantee = (
+        f"ε = {format_epsilon(eps)} at δ = {format_delta(summary['delta'])}"
+        f"{f', {RELATION_LABELS.get(relation, relation)}' if relation else ''}"
+        if eps is not None and summary.get("delta") is not None
+        else "not finished: no summary.json yet"
+    )
+    header = [
+        ("guarantee", guarantee),
+        ("what it covers", summary.get("guarantee")),
+        ("mechanism", summary.get("mechanism")),
+        ("noise multiplier z", _cell("noise_multiplier", summary.get("noise_multiplier"))),
+        ("sampling", summary.get("scheme")),
+        ("expected cohort K̄", summary.get("cohort_size")),
+        ("population N", summary.get("population")),
+        ("accountant", summary.get("accountant")),
+        ("rounds", summary.get("rounds_completed")),
+        ("final eval accuracy", _cell("final_eval_accuracy", summary.get("final_eval_accuracy"))),
+        ("majority class", _cell("final_eval_accuracy", summary.get("majority_baseline_accuracy"))),
+        ("model parameters", summary.get("num_parameters")),
+    ]
+    rows = "\n".join(f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>" for k, v in header if v is not None)
+    notes = "".join(f"<li>{esc(str(n))}</li>" for n in summary.get("notes") or [])
+    side = (summary.get("side_statistics") or {}).get("note")
+    images = "\n".join(
+        f'<figure><img alt="{esc(title)}" src="data:image/png;base64,{base64.b64encode(pngs[stem]).decode()}">'
+        f"<figcaption>{esc(title)} against the round</figcaption></figure>"
+        for stem, title, _ in RUN_PLOTS
+        if stem in pngs
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{esc(name)}: fedsim run</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}}
+th{{text-align:left;padding-right:1.5em;font-weight:normal;color:#555}}
+figure{{display:inline-block;margin:.5em}}img{{max-width:100%;width:28em}}</style></head>
+<body><h1>{esc(name)}</h1>
+<p>Run folder: <code>{esc(str(run_path.resolve()))}</code></p>
+<h2>Privacy</h2><table>{rows}</table>
+{f"<h3>Notes</h3><ul>{notes}</ul>" if notes else ""}
+{f"<p><small>{esc(str(side))}</small></p>" if side else ""}
+<h2>Against the round</h2>
+{images}
+</body></html>
+"""
 
 
 def _save(fig: Any, out_path: str | Path) -> Path:
@@ -306,7 +427,8 @@ def _save(fig: Any, out_path: str | Path) -> Path:
     fig.tight_layout()
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100, bbox_inches="tight")  # nothing (legend, long labels) is cut off
+    with writing(out):
+        fig.savefig(out, dpi=100, bbox_inches="tight")  # nothing (legend, long labels) is cut off
     return out
 
 
@@ -407,7 +529,8 @@ def ablation_arms(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
 
 def plot_ablation(run_dirs: Sequence[str | Path], out_path: str | Path) -> Path:
     """Ablation figure: eval accuracy against the round per arm (mean over seeds) and the final
-    accuracy per arm with ±1 std error bars over seeds."""
+    accuracy per arm with ±1 std error bars over seeds. ``out_path``'s folder must exist."""
+    _in_existing_folder(out_path)
     arms = ablation_arms(run_dirs)
     plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
@@ -423,7 +546,7 @@ def plot_ablation(run_dirs: Sequence[str | Path], out_path: str | Path) -> Path:
                     markersize=3,
                     label=arm["label"],
                 )
-        ax1.set_xlabel("round")
+        _round_axis(ax1)
         ax1.set_ylabel("eval accuracy (mean over seeds)")
         ax1.grid(True, alpha=0.3)
         if any(a["finals"] for a in arms):
@@ -448,7 +571,7 @@ def plot_comparison(run_dirs: Sequence[str | Path], out_path: str | Path) -> Pat
         The legend shows each run's name from ``summary.json`` (the folder name
         when there is no summary, with the folder appended when names repeat).
     out_path : str or Path
-        The PNG file to write; its folder is created if needed.
+        The PNG file to write, in an existing folder.
 
     Returns
     -------
@@ -469,8 +592,7 @@ def plot_comparison(run_dirs: Sequence[str | Path], out_path: str | Path) -> Pat
         curves.append((name, run_path, _accuracy_curve(read_metrics(run_path))))
     names = [c[0] for c in curves]
 
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = _in_existing_folder(out_path)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     try:
@@ -483,9 +605,20 @@ def plot_comparison(run_dirs: Sequence[str | Path], out_path: str | Path) -> Pat
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best")
         fig.tight_layout()
-        fig.savefig(out, dpi=100)
+        _write_bytes(out, _figure_png(fig))
     finally:
         plt.close(fig)
+    return out
+
+
+def _in_existing_folder(out_path: str | Path) -> Path:
+    """``out_path`` as a Path, refused when its folder does not exist (a typo in a path the user
+    gave must not create folders)."""
+    out = Path(out_path)
+    if not out.parent.is_dir():
+        raise FedsimError(
+            f"{out}: the folder {out.parent} does not exist; create it first, or give a file in an existing folder"
+        )
     return out
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.checkpoint import save_checkpoint
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, writing
 from fedsim.privacy.accounting import RELATION_LABELS
 from fedsim.reporting.metrics import MetricsWriter, ProgressLine, public_row
 from fedsim.runner.build import Run, model_sha256
@@ -132,8 +132,9 @@ class LedgerFile(RunCallback):
         ``privacy.account_every`` skipped it (at a stop: what the run has spent so far)."""
         assert self.run is not None and self.out is not None, "on_start comes first"
         tmp = self.out / ".ledger.json.tmp"
-        tmp.write_text(json.dumps(self.run.ledger.to_json(settle=settle), indent=1), encoding="utf-8")
-        os.replace(tmp, self.out / "ledger.json")
+        with writing(self.out / "ledger.json"):
+            tmp.write_text(json.dumps(self.run.ledger.to_json(settle=settle), indent=1), encoding="utf-8")
+            os.replace(tmp, self.out / "ledger.json")
 
     def on_end(self, summary: dict[str, Any] | None, status: str) -> None:
         if status == "finished":

@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, writing
 
 #: The file's name inside the run folder's ``checkpoint/`` folder.
 RELEASES_NAME = "releases.jsonl"
@@ -70,12 +70,13 @@ class ReleaseLog:
     def _append(self, event: dict[str, Any]) -> None:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         line = json.dumps(event, separators=(",", ":")) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with writing(self.path):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         self._events.append(event)
         if event["event"] == "model":
             self._models[int(event["round"])] = str(event["sha256"])

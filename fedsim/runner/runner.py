@@ -26,7 +26,7 @@ import numpy as np
 
 from fedsim.attacks.population import AuditView
 from fedsim.config import Config
-from fedsim.errors import FedsimError
+from fedsim.errors import FedsimError, writing
 from fedsim.interrupt import RunInterrupted, StopRequest
 from fedsim.privacy.accounting import RELATION_LABELS
 from fedsim.privacy.display import format_delta
@@ -230,7 +230,8 @@ def _execute_run(
         run.server.write_trace(out / "filter_trace.npz")
         summary = make_summary(run, metrics, time.perf_counter() - t_start)
         summary["run_folder"] = str(out)
-        (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        with writing(out / "summary.json"):
+            (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
         status = "finished"
         callbacks.on_end(summary, status)
         return summary

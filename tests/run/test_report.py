@@ -161,21 +161,104 @@ def test_missing_and_corrupted_summary_name_the_file(dp_run: Path) -> None:
 # ----------------------------------------------------------------------------- plots
 
 
-def test_plot_run_writes_two_pngs(dp_run: Path) -> None:
+RUN_PNGS = ["train_loss.png", "accuracy.png", "eval_loss.png", "epsilon.png"]
+
+
+def test_plot_run_writes_four_pngs_and_a_page(dp_run: Path) -> None:
     paths = plot_run(dp_run)
-    assert [p.name for p in paths] == ["accuracy.png", "epsilon.png"]
-    assert all(p.parent == dp_run / "plots" for p in paths)
-    for p in paths:
+    assert [p.name for p in paths] == [*RUN_PNGS, "report.html"]
+    assert all(p.parent == dp_run / "plots" for p in paths[:-1]) and paths[-1] == dp_run / "report.html"
+    for p in paths[:-1]:
         assert_png(p)
 
 
 def test_plot_run_no_dp_and_custom_out_dir(nodp_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "elsewhere" / "figs"
     paths = plot_run(nodp_run, out_dir=out)
-    assert {p.name for p in paths} == {"accuracy.png", "epsilon.png"}
-    for p in paths:
+    assert [p.name for p in paths[:-1]] == RUN_PNGS
+    for p in paths[:-1]:
         assert p.parent == out
         assert_png(p)
+
+
+def _drawn(ax) -> list[tuple[list[float], list[float]]]:
+    """The data series of an axes (its lines, the majority-class line included)."""
+    return [(list(map(float, ln.get_xdata())), list(map(float, ln.get_ydata()))) for ln in ax.lines]
+
+
+def test_run_figures_draw_each_series_against_whole_rounds(dp_run: Path) -> None:
+    """Axes labels, the series from metrics.jsonl, and integer round ticks only."""
+    import matplotlib.pyplot as plt
+
+    from fedsim.reporting.report import run_figures
+
+    figures = run_figures(dp_run)
+    try:
+        assert list(figures) == ["train_loss", "accuracy", "eval_loss", "epsilon"]
+        axes = {k: f.axes[0] for k, f in figures.items()}
+        for k, ax in axes.items():
+            assert ax.get_xlabel() == "round", k
+            f = figures[k]
+            f.canvas.draw()
+            assert all(float(t).is_integer() for t in ax.get_xticks()), (k, ax.get_xticks())
+        assert _drawn(axes["train_loss"]) == [([1, 2, 3, 4, 5], pytest.approx([2.9, 2.8, 2.7, 2.6, 2.5]))]
+        assert axes["train_loss"].get_ylabel() == "mean train loss of the cohort"
+        acc, baseline = _drawn(axes["accuracy"])
+        assert acc == ([2, 4], [0.21, 0.35]) and baseline[1] == [0.17, 0.17]  # majority class line
+        assert axes["accuracy"].get_ylabel() == "eval accuracy"
+        assert _drawn(axes["eval_loss"]) == [([2, 4], pytest.approx([2.29, 2.15]))]
+        assert _drawn(axes["epsilon"]) == [([1, 2, 3, 4, 5], [0.5, 1.0, 1.5, 2.0, 2.5])]
+        assert axes["epsilon"].get_ylabel().startswith("ε")
+    finally:
+        for f in figures.values():
+            plt.close(f)
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_a_one_or_two_round_plot_has_no_fractional_round_ticks(tmp_path: Path, rounds: int) -> None:
+    import matplotlib.pyplot as plt
+
+    from fedsim.reporting.report import run_figures
+
+    run = make_run(tmp_path, "short", name="s", accuracies={rounds: 0.3}, final_accuracy=0.3, dp=True, rounds=rounds)
+    figures = run_figures(run)
+    try:
+        for k, f in figures.items():
+            f.canvas.draw()
+            ticks = f.axes[0].get_xticks()
+            assert len(ticks) >= 1 and all(float(t).is_integer() for t in ticks), (k, ticks)
+    finally:
+        for f in figures.values():
+            plt.close(f)
+
+
+def test_a_run_without_dp_or_evaluation_gets_notes_not_empty_axes(tmp_path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from fedsim.reporting.report import run_figures
+
+    run = make_run(tmp_path, "r", name="n", accuracies={}, final_accuracy=0.1, dp=False, baseline=None)
+    figures = run_figures(run)
+    try:
+        texts = {k: [t.get_text() for t in f.axes[0].texts] for k, f in figures.items()}
+        assert texts["accuracy"] == ["no evaluated rounds"] and texts["eval_loss"] == ["no evaluated rounds"]
+        assert texts["epsilon"] == ["no DP (ε = ∞)"] and texts["train_loss"] == []
+    finally:
+        for f in figures.values():
+            plt.close(f)
+
+
+def test_the_run_page_is_self_contained_with_the_privacy_header(dp_run: Path) -> None:
+    import base64
+    import re
+
+    plot_run(dp_run)
+    page = (dp_run / "report.html").read_text(encoding="utf-8")
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) == 4 and all(base64.b64decode(i)[:8] == PNG_SIGNATURE for i in images)
+    assert not re.search(r"(src|href)=\"(?!data:)", page) and "<script" not in page and "http" not in page
+    assert "<th>guarantee</th><td>ε = 2.500 at δ = 1e-05" in page  # the summary's ε, rounded up as the CLI prints it
+    assert "<th>noise multiplier z</th><td>1.1</td>" in page and "<th>population N</th><td>715</td>" in page
 
 
 def test_plot_run_figures_are_closed(dp_run: Path) -> None:
@@ -187,11 +270,35 @@ def test_plot_run_figures_are_closed(dp_run: Path) -> None:
 
 
 def test_plot_comparison(dp_run: Path, nodp_run: Path, tmp_path: Path) -> None:
-    out = plot_comparison([dp_run, nodp_run], tmp_path / "cmp" / "accuracy.png")
-    assert out == tmp_path / "cmp" / "accuracy.png"
+    out = plot_comparison([dp_run, nodp_run], tmp_path / "accuracy.png")
+    assert out == tmp_path / "accuracy.png"
     assert_png(out)
     with pytest.raises(FedsimError):
         plot_comparison([], tmp_path / "none.png")
+
+
+def test_a_plot_path_in_a_missing_folder_is_refused_not_created(dp_run: Path, tmp_path: Path, capsys) -> None:
+    from helpers import run_cli
+
+    missing = tmp_path / "nonexistent" / "dir"
+    for option in ("--plot", "--ablation"):
+        code, _, err = run_cli(capsys, "report", str(dp_run), option, str(missing / "x.png"))
+        assert code == 2 and f"the folder {missing} does not exist" in err, err
+        assert not missing.parent.exists()
+
+
+def test_report_says_where_each_picture_is(dp_run: Path, nodp_run: Path, tmp_path: Path, capsys) -> None:
+    from helpers import run_cli
+
+    code, out, err = run_cli(capsys, "report", str(dp_run), str(nodp_run), "--plot", str(tmp_path / "cmp.png"))
+    assert code == 0, err
+    for run in (dp_run, nodp_run):
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"{run}: "))
+        named = [Path(p) for p in line.split(": ", 1)[1].split(", ")]
+        assert [p.name for p in named] == [*RUN_PNGS, "report.html"] and all(p.is_file() for p in named)
+    assert f"--plot: {tmp_path / 'cmp.png'}" in out
+    code, out, err = run_cli(capsys, "report", str(dp_run), "--json")
+    assert code == 0 and json.loads(out)[0]["run"] == "run_dp" and f"{dp_run}: " in err  # stdout stays JSON
 
 
 # ----------------------------------------------------------------------------- tables
