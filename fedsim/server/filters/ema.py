@@ -271,7 +271,9 @@ class DiskOptions(FilterOptions):
 
 
 register_filter(
-    FilterKind("ema", EMAOptions, lambda o: EMAFilter(o.kappa), "exponential moving average g̃_t = (1−κ)g̃_{t−1} + κĝ_t")
+    FilterKind(
+        "ema", EMAOptions, lambda o: EMAFilter(o.kappa), "exponential moving average `g̃_t = (1−κ)g̃_{t−1} + κĝ_t`"
+    )
 )
 register_filter(
     FilterKind(
