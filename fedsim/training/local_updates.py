@@ -48,9 +48,16 @@ def register_local_update(name: str, update: LocalUpdate) -> LocalUpdate:
 
     Parameters
     ----------
-    name : the name a config gives as `client.local_update`.
-    update : a callable taking `(model, batches, loss, spec)`; anything else is refused with a
-        `FedsimError` before any run.
+    name : str
+        The name a config gives as `client.local_update`.
+    update : callable
+        `update(model, batches, loss, spec) -> float` (see the module docstring); anything else is
+        refused with a `FedsimError` before any run.
+
+    Returns
+    -------
+    callable
+        `update`, registered.
     """
     from fedsim.errors import FedsimError
 
