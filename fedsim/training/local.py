@@ -19,6 +19,7 @@ are unaffected, so the server never has to drop a multi-user reply because of on
 
 from __future__ import annotations
 
+import copy
 import math
 import traceback
 from collections.abc import Callable
@@ -241,7 +242,8 @@ def _hook_delta(
                 seen[0] += len(yb)
                 yield xb.to(dev), yb.to(dev)
 
-    loss = float(update(model, batches(), data.loss, spec))
+    # the hook's own copy of the settings: one it changes (a schedule on spec.lr) reaches no other user
+    loss = float(update(model, batches(), data.loss, copy.copy(spec)))
     with torch.no_grad():
         delta = parameters_to_vector(list(model.parameters())) - x0
     return delta, loss, seen[0]
@@ -393,6 +395,9 @@ def train_users(
     dev = next(model.parameters()).device
     total = torch.zeros(x0.numel(), dtype=torch.float32, device=dev)
     x0 = x0.to(dev)  # once, not once per user
+    refused = _refused_hook(model, x0, data, users, round_index, seed, spec)
+    if refused is not None:
+        return total.cpu(), refused
     results = []
     for i, u in enumerate(users):
         ahead = prepare_next(data, users[i + 1]) if i + 1 < len(users) else None
@@ -402,6 +407,27 @@ def train_users(
         total.add_(clipped)
         results.append(res)
     return total.cpu(), results
+
+
+def _refused_hook(
+    model: nn.Module,
+    x0: torch.Tensor,
+    data: FederatedData,
+    users: list[int],
+    round_index: int,
+    seed: int,
+    spec: LocalTraining,
+) -> list[UserResult] | None:
+    """Every user failed in code with the reason, when the registered local update keeps state
+    between calls (`fedsim.training.hook_probe`); None otherwise (no hook, or an honest one)."""
+    if spec.local_update is None or not users:
+        return None
+    from fedsim.training.hook_probe import stateful_hook
+
+    reason = stateful_hook(model, x0, data, users[0], round_index, seed, spec)
+    if reason is None:
+        return None
+    return [UserResult(u, math.nan, 0, 0.0, False, failed=True, code_error=reason) for u in users]
 
 
 def prepare_next(data: FederatedData, user: int) -> Callable[[], None] | None:
@@ -453,8 +479,11 @@ def train_users_ef(
     if mode not in ("client", "server"):
         raise ValueError(f"error feedback mode {mode!r}")
     total = torch.zeros(x0.numel(), dtype=torch.float32)
-    results = []
     extra: dict[int, torch.Tensor] | torch.Tensor = {} if mode == "client" else torch.zeros_like(total)
+    refused = _refused_hook(model, x0, data, users, round_index, seed, spec)
+    if refused is not None:  # nobody trained: client states stay as they were
+        return total, refused, ({u: states[u] for u in users} if mode == "client" and states is not None else extra)
+    results = []
     for u in users:
         if mode == "client":
             assert states is not None and isinstance(extra, dict)

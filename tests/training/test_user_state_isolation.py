@@ -249,3 +249,87 @@ def test_the_vectorized_path_starts_from_the_built_buffers():
         return train_users_vectorized(model, x0, _pair()[0], [B, 2], 0, 7, spec)[0]
 
     assert torch.equal(run(False), run(True))
+
+
+def test_settings_a_hook_changes_reach_no_other_user(hooks):
+    """The `spec` a hook gets is its own copy: a learning-rate schedule written onto it (a frozen
+    dataclass changed with object.__setattr__) does not reach the next user."""
+    seen = []
+
+    def decay(model, batches, loss, spec):
+        seen.append(spec.lr)
+        object.__setattr__(spec, "lr", spec.lr * 0.1)
+        return 0.0
+
+    local_updates.LOCAL_UPDATES.add("decay", decay)
+    try:
+        spec = LocalTraining(epochs=1, batch_size=1, lr=0.5, max_examples=6, clip_norm=10.0, local_update="decay")
+        model = _linear()
+        x0 = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        train_users(model, x0, _pair()[0], [A, B, 2], 0, 7, spec)
+        assert seen == [0.5] * 5 and spec.lr == 0.5  # two probe calls (hook_probe), then A, B and 2
+    finally:
+        local_updates.LOCAL_UPDATES.pop("decay")
+
+
+def _momentum_across_calls():
+    """A hook that keeps a running gradient average in its own closure: user A's gradients
+    steer user B's steps. fedsim cannot reset a closure; its probe refuses the hook."""
+    kept: dict[str, list[torch.Tensor]] = {}
+
+    def hook(model, batches, loss, spec):
+        for x, y in batches:
+            model.zero_grad()
+            loss(model(x), y).backward()
+            with torch.no_grad():
+                m = kept.setdefault("m", [torch.zeros_like(p) for p in model.parameters()])
+                for p, mp in zip(model.parameters(), m):
+                    mp.mul_(0.9).add_(p.grad)
+                    p.sub_(spec.lr * mp)
+        return 0.0
+
+    return hook
+
+
+def _global_optimizer():
+    """A hook that builds its optimizer once, on the first model it sees."""
+    kept: dict[str, torch.optim.Optimizer] = {}
+
+    def hook(model, batches, loss, spec):
+        opt = kept.setdefault("opt", torch.optim.Adam(model.parameters(), lr=spec.lr))
+        for x, y in batches:
+            opt.zero_grad()
+            loss(model(x), y).backward()
+            opt.step()
+        return 0.0
+
+    return hook
+
+
+@pytest.mark.parametrize("make", [_momentum_across_calls, _global_optimizer], ids=["closure_momentum", "global_opt"])
+def test_a_hook_that_keeps_state_between_calls_is_refused(make):
+    name = f"stateful_{make.__name__}"
+    local_updates.LOCAL_UPDATES.add(name, make())
+    try:
+        spec = LocalTraining(epochs=1, batch_size=2, lr=0.1, max_examples=6, clip_norm=10.0, local_update=name)
+        model = _linear()
+        x0 = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        total, results = train_users(model, x0, _pair()[0], [A, B, 2], 0, 7, spec)
+        assert all(r.failed and "keeps state between calls" in str(r.code_error) for r in results)
+        assert float(total.abs().max()) == 0.0  # nobody's update was sent
+    finally:
+        local_updates.LOCAL_UPDATES.pop(name)
+
+
+def test_an_honest_hook_with_dropout_passes_the_probe(hooks):
+    """The probe seeds the hook's own randomness the same for both calls: dropout is no state."""
+
+    def dropout_model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(5, 8), nn.Dropout(0.5), nn.Linear(8, 3))
+
+    spec = LocalTraining(epochs=1, batch_size=2, lr=0.1, max_examples=6, clip_norm=10.0, local_update="acc4")
+    model = dropout_model()
+    x0 = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    _, results = train_users(model, x0, _pair()[0], [A, B], 0, 7, spec)
+    assert all(r.ok for r in results)
