@@ -244,3 +244,20 @@ def test_nested_lists_are_indented_four_spaces():
     bad = {page: lines for page, lines in bad.items() if lines}
     assert not bad, f"list items nested at 1-3 spaces (Python-Markdown needs 4), by page and line: {bad}"
     assert shallow_nested_items("- a\n  - b\n\n1. c\n   - d\n\n```\n  - e\n```\n") == [2, 5]
+
+
+@pytest.mark.slow  # a browser start per view: about 30 s
+def test_the_pages_render_in_a_headless_browser(site, tmp_path):
+    """Every view of tests/docs/site_screenshots.py renders in chromium and shows something."""
+    from docs import site_screenshots as shots
+
+    if shots.browser() is None:
+        pytest.skip("no headless browser (apt-get install chromium)")
+    image = pytest.importorskip("PIL.Image")
+    pngs = shots.main(["--site", str(site), "--out", str(tmp_path)])
+    assert [p.stem for p in pngs] == [v[0] for v in shots.VIEWS]
+    for png in pngs:
+        full = image.open(png).convert("L")
+        content = full.crop((290, 70, 1000, full.height - 80))  # not the header, footer or navigation
+        dark = sum(content.histogram()[:128])  # text pixels
+        assert dark > 0.002 * content.width * content.height, f"{png.name}'s content is (almost) blank"
