@@ -74,9 +74,12 @@ def _root(
 
 def load_config(path: Path | str | None = None, overrides: list[str] | None = None) -> Any:
     """:func:`fedsim.config.load_config`, imported when a command needs it (after the plugins
-    the file lists: they register parts the config may name)."""
+    the file lists: they register parts the config may name). What needs no schema is checked
+    first, before torch is imported (`fedsim.config_file.precheck`)."""
     from fedsim import plugins
+    from fedsim.config_file import precheck
 
+    precheck(path, overrides)
     plugins.of_file(path)
     from fedsim.config import load_config as _load
 
@@ -169,7 +172,10 @@ def run(
     """
     _offline_env()
     from fedsim import plugins
+    from fedsim.config_file import precheck
 
+    if resume is None:  # a config error answers before torch, Flower and Ray are imported
+        precheck(config, set_)
     # the plugins the config (or the resumed run) lists register their parts before anything
     # builds the config schema
     plugins.of_file(resume / "config.toml" if resume is not None else config)
@@ -267,6 +273,9 @@ def privacy(
 
 
 def _load_with_target(config: Path | None, overrides: list[str], target: float):
+    from fedsim.config_file import precheck
+
+    precheck(config, overrides)
     from fedsim.config import (
         DEFAULT_EXPERIMENT,
         apply_overrides,

@@ -13,7 +13,6 @@ on the whole flattened model delta; ``cohort_size`` is the expected cohort
 from __future__ import annotations
 
 import copy
-import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, cast
 
@@ -33,6 +32,7 @@ from fedsim import plugins as _plugins
 
 _plugins.load_startup()  # $FEDSIM_PLUGINS and installed plugins register before the schema is built
 
+from fedsim.config_file import parse_override, read_config_file, read_experiment  # noqa: E402
 from fedsim.data.registry import DATASETS, DataOptions, data_spec  # noqa: E402
 from fedsim.errors import FedsimError  # noqa: E402
 from fedsim.models import MODELS  # noqa: E402
@@ -814,23 +814,6 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """Parse one ``dotted.key=value`` override; the value is read as a TOML value
-    (numbers, booleans, quoted strings, arrays), falling back to a bare string."""
-    if "=" not in item:
-        raise FedsimError(f"--set {item!r}: expected dotted.key=value, e.g. --set rounds=10")
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not key or any(not p for p in key.split(".")):
-        raise FedsimError(f"--set {item!r}: the key {key!r} is not a dotted key like client.lr")
-    raw = raw.strip()
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return key.split("."), value
-
-
 #: Keys that are alternatives to each other: ``--set`` of one replaces the other from the
 #: file (unless both are set on the command line, which is then an error).
 ALTERNATIVES: dict[tuple[str, ...], tuple[str, ...]] = {
@@ -890,46 +873,9 @@ def _drop_foreign_keys(out: dict[str, Any], raw: dict[str, Any], set_keys: set[t
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load a config from TOML (default: the bundled default experiment) and apply
     ``--set`` overrides. Raises :class:`FedsimError` naming every bad key."""
-    p = resolve_experiment(path) if path is not None else DEFAULT_EXPERIMENT
-    raw = _plugins.relative_to(read_config_file(p), p.resolve().parent)
-    if not raw and path is not None:
-        raise FedsimError(
-            f"config file {p} is empty; give the experiment's keys, or omit CONFIG to run the "
-            f"bundled default experiment"
-        )
+    p, raw = read_experiment(path) if path is not None else (DEFAULT_EXPERIMENT, read_config_file(DEFAULT_EXPERIMENT))
+    raw = _plugins.relative_to(raw, p.resolve().parent)
     return config_from_dict(apply_overrides(raw, overrides or []))
-
-
-def read_config_file(p: Path) -> dict[str, Any]:
-    """The raw TOML table of config file ``p``; every way it can be unreadable is a
-    :class:`FedsimError` naming the file (missing, a folder, a device, binary, not UTF-8, not TOML)."""
-    import stat as _stat
-
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise FedsimError(
-            f"config file not found: {p}; pass an existing .toml file or the name of a shipped experiment "
-            f"(`fedsim experiments` lists them)"
-        ) from None
-    except OSError as e:
-        raise FedsimError(f"config file {p}: {e.strerror}") from None
-    if _stat.S_ISDIR(st.st_mode):
-        raise FedsimError(f"config {p} is a folder; pass a .toml file")
-    if not _stat.S_ISREG(st.st_mode):
-        raise FedsimError(f"config {p} is not a regular file; pass a .toml file")
-    if st.st_size > 10 * 2**20:
-        raise FedsimError(f"config file {p} is {st.st_size / 2**20:.0f} MiB; a config is a small .toml file")
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        raise FedsimError(f"config file {p} is not UTF-8 text (a binary file?); pass a .toml file") from None
-    except OSError as e:
-        raise FedsimError(f"config file {p}: {e.strerror}") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise FedsimError(f"config file {p} is not valid TOML: {e}") from None
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:

@@ -376,3 +376,51 @@ def test_the_python_api_prints_progress_at_a_terminal_only(capsys, tmp_path, mon
     fedsim.run(None, tmp_path / "run", overrides=[*SMALL, "rounds=1"])
     got = capsys.readouterr()
     assert ("round 1/1" in got.err) == terminal and ("fedsim: " in got.out) == terminal
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "nope.toml"], "config file not found: nope.toml"),
+        (["run", "--set", "rounds"], "expected dotted.key=value"),
+        (["run", "--set", "rond=3"], "unknown key 'rond' (did you mean 'rounds'?)"),
+        (["privacy", "--set", "nope.x=1", "--population", "10"], "unknown key 'nope'"),
+        (["privacy", "nope.toml", "--target-epsilon", "3"], "config file not found"),
+        (["data", "describe", "nope.toml"], "config file not found"),
+        (["run", "BAD_TOML"], "is not valid TOML"),
+        (["run", "--bogus"], "No such option"),
+    ],
+    ids=["missing", "set-form", "set-typo", "privacy-key", "privacy-target", "data", "toml", "usage"],
+)
+def test_config_and_cli_errors_answer_before_torch_flower_or_ray_are_imported(tmp_path, args, needle):
+    """In a fresh interpreter: the error is printed, and the heavy packages were never imported
+    (the import count, not a timing, pins this: importing torch alone costs about 1 s of CPU)."""
+    import json
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rounds = = 3\n")
+    args = [str(bad) if a == "BAD_TOML" else a for a in args]
+    script = (
+        "import json, sys\n"
+        "from fedsim.cli import main\n"
+        "try:\n"
+        f"    main({args!r})\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        "heavy = sorted(m for m in ('torch', 'flwr', 'ray', 'scipy', 'pydantic', 'datasets') if m in sys.modules)\n"
+        "print(json.dumps({'code': code, 'modules': len(sys.modules), 'heavy': heavy}))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["code"] == 2 and needle in r.stderr, r.stderr
+    assert got["heavy"] == [], got
+    assert got["modules"] < 400, got  # ~215 today; torch alone brings ~1,500
+
+
+def test_the_light_config_reader_knows_every_top_level_key():
+    from fedsim.config import Config
+    from fedsim.config_file import TOP_LEVEL_KEYS
+
+    assert sorted(TOP_LEVEL_KEYS) == sorted(Config.model_fields)
