@@ -25,9 +25,9 @@ class RegistryFrozen(FedsimError):
 
 @contextmanager
 def writing(path: str | Path, advice: str = "") -> Iterator[None]:
-    """Turn a failed write of ``path`` into a one-line :class:`FedsimError` naming it (a full
-    disk's ``OSError`` names no file, and torch's zip writer reports one as a ``RuntimeError``
-    about an "unexpected pos"). ``advice`` follows "free space on that disk" (default: ", or write
+    """Turn a failed write of `path` into a one-line `FedsimError` naming it (a full
+    disk's `OSError` names no file, and torch's zip writer reports one as a `RuntimeError`
+    about an "unexpected pos"). `advice` follows "free space on that disk" (default: ", or write
     the run on another one (--out DIR)"), e.g. how to redo the write."""
     try:
         yield

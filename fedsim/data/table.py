@@ -112,8 +112,8 @@ def _read(root: Path) -> Any:
 
 
 def _parquet_rows(root: Path) -> int:
-    """The rows parquet file ``root`` declares in its footer (a file that is not parquet is a
-    :class:`FedsimError` naming it)."""
+    """The rows parquet file `root` declares in its footer (a file that is not parquet is a
+    `FedsimError` naming it)."""
     import pyarrow.parquet as pq
 
     try:
@@ -129,7 +129,7 @@ def _no_rows(root: Path) -> FedsimError:
 
 
 def _innermost(e: BaseException) -> str:
-    """The first line of the deepest cause of ``e`` (what the parser actually objected to)."""
+    """The first line of the deepest cause of `e` (what the parser actually objected to)."""
     while e.__cause__ is not None or e.__context__ is not None:
         e = e.__cause__ or e.__context__  # type: ignore[assignment]
     return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -217,7 +217,7 @@ def _round_axis(ax: Axes, rounds: Sequence[int] = ()) -> None:
 
 
 def _series(metrics: Iterable[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    """(rounds, values) of the rounds where ``key`` is a finite number, sorted by round."""
+    """(rounds, values) of the rounds where `key` is a finite number, sorted by round."""
     points = sorted(
         (int(m["round"]), float(m[key]))
         for m in metrics
@@ -236,9 +236,9 @@ RUN_PLOTS: tuple[tuple[str, str, str], ...] = (
 
 
 def run_figures(run_dir: str | Path) -> dict[str, Any]:
-    """The figures of one run against the round (matplotlib ``Figure`` objects, not saved;
-    close them with ``matplotlib.pyplot.close``): ``train_loss``, ``accuracy`` (evaluated rounds,
-    with the majority-class line when the summary has one), ``eval_loss`` and ``epsilon`` (a note
+    """The figures of one run against the round (matplotlib `Figure` objects, not saved;
+    close them with `matplotlib.pyplot.close`): `train_loss`, `accuracy` (evaluated rounds,
+    with the majority-class line when the summary has one), `eval_loss` and `epsilon` (a note
     instead of a curve where there is nothing to draw: no evaluated round, no DP, side statistics
     not published).
 
@@ -284,28 +284,28 @@ def run_figures(run_dir: str | Path) -> dict[str, Any]:
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Draw one run's pictures and its HTML page.
 
-    Writes ``train_loss.png``, ``accuracy.png``, ``eval_loss.png`` and ``epsilon.png`` against
-    the round (:func:`run_figures`; with ``filter.trace_coordinates``, ``psd.png`` too) into the
-    plots folder, and ``report.html`` into the run folder: one self-contained page (the privacy
+    Writes `train_loss.png`, `accuracy.png`, `eval_loss.png` and `epsilon.png` against
+    the round (`run_figures`; with `filter.trace_coordinates`, `psd.png` too) into the
+    plots folder, and `report.html` into the run folder: one self-contained page (the privacy
     header, the final numbers and the plots embedded as PNG; nothing is fetched from the
     network) to open or share.
 
     Parameters
     ----------
     run_dir : str or Path
-        The run folder; ``metrics.jsonl`` is required, ``summary.json`` is used when present.
+        The run folder; `metrics.jsonl` is required, `summary.json` is used when present.
     out_dir : str or Path, optional
-        Folder for the PNGs, created if needed. Default ``<run_dir>/plots``.
+        Folder for the PNGs, created if needed. Default `<run_dir>/plots`.
 
     Returns
     -------
     list of Path
-        The written files: the PNGs, then ``report.html``.
+        The written files: the PNGs, then `report.html`.
 
     Raises
     ------
     FedsimError
-        If ``metrics.jsonl`` is missing or corrupted, ``summary.json`` exists but is corrupted,
+        If `metrics.jsonl` is missing or corrupted, `summary.json` exists but is corrupted,
         or a file cannot be written (a full disk: the message names the file).
     """
     run_path = Path(run_dir)
@@ -342,8 +342,8 @@ def _figure_png(fig: Any) -> bytes:
 
 
 def _write_bytes(path: Path, data: bytes, advice: str = "") -> Path:
-    """Write ``data`` to ``path`` atomically (a full disk leaves the old file, or none, and is a
-    one-line error naming ``path``)."""
+    """Write `data` to `path` atomically (a full disk leaves the old file, or none, and is a
+    one-line error naming `path`)."""
     import os
 
     tmp = path.with_name(f".{path.name}.tmp")
@@ -364,7 +364,7 @@ REPORT_PAGE = "report.html"
 def run_html(run_dir: str | Path, pngs: dict[str, bytes]) -> str:
     """The run's HTML page: its privacy header (ε, δ, the relation ε is stated for, the
     mechanism, noise, accountant, population and rounds, and the notes), its final numbers and
-    the plots ``pngs`` (stem → PNG bytes) embedded as base64 ``data:`` images. No script, style
+    the plots `pngs` (stem → PNG bytes) embedded as base64 `data:` images. No script, style
     sheet or image is fetched from anywhere: the file alone is the page."""
     import base64
     import html
@@ -529,7 +529,7 @@ def ablation_arms(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
 
 def plot_ablation(run_dirs: Sequence[str | Path], out_path: str | Path) -> Path:
     """Ablation figure: eval accuracy against the round per arm (mean over seeds) and the final
-    accuracy per arm with ±1 std error bars over seeds. ``out_path``'s folder must exist."""
+    accuracy per arm with ±1 std error bars over seeds. `out_path`'s folder must exist."""
     _in_existing_folder(out_path)
     arms = ablation_arms(run_dirs)
     plt = _pyplot()
@@ -612,7 +612,7 @@ def plot_comparison(run_dirs: Sequence[str | Path], out_path: str | Path) -> Pat
 
 
 def _in_existing_folder(out_path: str | Path) -> Path:
-    """``out_path`` as a Path, refused when its folder does not exist (a typo in a path the user
+    """`out_path` as a Path, refused when its folder does not exist (a typo in a path the user
     gave must not create folders)."""
     out = Path(out_path)
     if not out.parent.is_dir():
