@@ -193,11 +193,33 @@ class MatrixStream(NoiseStream):
         """Whether all ``m`` rows of ``ξ`` fit in :attr:`memory_budget` bytes (float32)."""
         return bool(self.noising.shape[1] * self.dim * 4 <= self.memory_budget)
 
+    def table_bytes(self) -> int:
+        """Disk the noise table takes: ``max(n, m)·d·4`` bytes (0 when the history fits)."""
+        n, m = self.noising.shape
+        return 0 if self.history_fits() else int(max(n, m) * self.dim * 4)
+
     def set_scratch(self, folder: Path | None) -> None:
         """Allow a noise table in ``folder`` (an owner-only folder that holds the run's key), or
-        none (None)."""
+        none (None). Refuses (:class:`FedsimError`) when the table it would need does not fit on
+        that folder's disk, before any round runs."""
+        import shutil
+
         self.close()
         self.scratch = None if folder is None else Path(folder)
+        need = self.table_bytes()
+        if self.scratch is None or not need:
+            return
+        probe = self.scratch
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        free = shutil.disk_usage(probe).free
+        if need > free:
+            raise FedsimError(
+                f"privacy.mechanism = '{self.name}': its noise table needs {need / 1e9:.1f} GB of disk in {folder} "
+                f"and {free / 1e9:.1f} GB are free. Use privacy.mechanism = 'blt' or 'banded' (their noise state is "
+                f"a few rows of d), free disk there, or set privacy.noise_table = false (each round then redraws "
+                f"all earlier rows of Z: O(t·d) work a round)"
+            )
 
     def _row_xi(self, j: int, draw: Draw) -> torch.Tensor:
         if not self.history_fits():

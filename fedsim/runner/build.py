@@ -584,6 +584,26 @@ def _build_server(
     return server
 
 
+def noise_table_note(stream: MatrixStream) -> str:
+    """What a noise table costs, said before round 1 (the run's header): its disk, its memory and a
+    CPU estimate from this machine's rates (about 30 ns a Gaussian, 2 GFLOP/s for the float64
+    product on one core; docs/benchmarks.md "Scale").
+
+    Parameters
+    ----------
+    stream : the run's correlated stream, bound to the model's dimension.
+    """
+    n, m = stream.noising.shape
+    minutes = (m * stream.dim * 30e-9 + 2.0 * n * m * stream.dim / 2e9) / 60
+    return (
+        f"{stream.name} noise: Z's {m} rows of {stream.dim:,} ({m * stream.dim * 4 / 2**30:.1f} GiB) exceed "
+        f"privacy.noise_memory_mib, so every noise row is computed once, at round 1, into a "
+        f"{stream.table_bytes() / 1e9:.1f} GB table in the run's checkpoint/ (owner-only, deleted when the run "
+        f"ends; {stream.memory_budget / 2**20:.0f} MiB of memory, about {minutes:.0f} CPU-minutes here); a round "
+        f"then reads one row"
+    )
+
+
 def dp_server(
     cfg: Config, prep: Prepared, key: PrivacyKey, device: torch.device, notes: list[str]
 ) -> tuple[DPServer, Any]:
@@ -595,6 +615,8 @@ def dp_server(
     if isinstance(noise.stream, MatrixStream):  # its history: privacy.noise_memory_mib
         noise.stream.memory_budget = cfg.privacy.noise_memory_mib << 20
     ledger, example_dp = _build_ledger(cfg, prep, notes)
+    if isinstance(noise.stream, MatrixStream) and cfg.privacy.noise_table and noise.stream.table_bytes():
+        notes.append(noise_table_note(noise.stream))  # the header's cost line (not the ledger's notes)
     return _build_server(cfg, prep, noise, key, ledger, device), example_dp
 
 

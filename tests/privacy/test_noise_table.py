@@ -93,3 +93,32 @@ def test_without_a_folder_no_table_is_written(tmp_path, monkeypatch):
     noise = NoiseMechanism(20, 1, "cpu", MatrixStream(M, 1.0, memory_budget=32))
     noise.row(3)
     assert not list(tmp_path.rglob("*"))
+
+
+def test_a_table_that_does_not_fit_on_disk_is_refused_before_any_round(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from fedsim.errors import FedsimError
+
+    M = np.linalg.inv(random_banded(8, 8, seed=4))
+    noise = NoiseMechanism(1000, 1, "cpu", MatrixStream(M, 1.0, name="dense", memory_budget=64))
+    assert noise.stream.table_bytes() == 8 * 1000 * 4
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 31_999, 31_999))
+    with pytest.raises(FedsimError, match="needs 0.0 GB .*'blt' or 'banded'.*noise_table = false"):
+        noise.set_scratch(tmp_path / "checkpoint")  # not made yet: its parent's disk is asked
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 32_000, 32_000))
+    noise.set_scratch(tmp_path / "checkpoint")
+    assert not list(tmp_path.rglob("*"))  # nothing written before a row is asked for
+
+
+def test_the_header_states_the_tables_cost():
+    from fedsim.runner.build import noise_table_note
+
+    M = np.linalg.inv(random_banded(100, 100, seed=4))
+    noise = NoiseMechanism(50_000, 1, "cpu", MatrixStream(M, 1.0, name="dense", memory_budget=1 << 20))
+    note = noise_table_note(noise.stream)
+    assert "Z's 100 rows of 50,000 (0.0 GiB)" in note and "a 0.0 GB table in the run's checkpoint/" in note
+    noise = NoiseMechanism(4_050_748, 1, "cpu", MatrixStream(np.eye(2048), 1.0, name="dense"))
+    assert "a 33.2 GB table" in noise_table_note(noise.stream)

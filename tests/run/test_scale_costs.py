@@ -86,6 +86,7 @@ def test_the_noise_table_lives_only_in_checkpoint_while_the_run_runs_and_a_resum
     whole = TableWatch()
     a = run_experiment(load_config(DEFAULT_EXPERIMENT, DENSE), tmp_path / "a", progress=False, callbacks=[whole])
     assert len(whole.seen) == 6 and all(len(s) == 1 and s[0].startswith("checkpoint/") for s in whole.seen)
+    assert any("table in the run's checkpoint/" in note for note in a["notes"])  # said in the header
     table = tmp_path / "a" / whole.seen[0][0]
     assert not table.exists() and not _tables(tmp_path)  # deleted at the end
     crash = TableWatch(3)
