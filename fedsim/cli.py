@@ -299,7 +299,9 @@ def _load_with_target(config: Path | None, overrides: list[str], target: float):
 @app.command()
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run folders.")],
-    plot: Annotated[Path | None, typer.Option(help="Also write an accuracy comparison PNG here.")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Also write an accuracy comparison PNG here (its folder must exist).")
+    ] = None,
     ablation: Annotated[
         Path | None,
         typer.Option(
@@ -316,9 +318,11 @@ def report(
         ),
     ] = False,
 ) -> None:
-    """Redraw each run's plots (and the filter PSD) and print a comparison table of the runs.
+    """Draw each run's pictures, say where they are, and print a comparison table of the runs.
 
-    A run with filter.trace_coordinates also gets plots/psd.png. An audit folder (fedsim audit
+    Each run gets plots/train_loss.png, accuracy.png, eval_loss.png and epsilon.png (against the
+    round) and report.html: one self-contained page with the privacy header and the plots, to open
+    or share. A run with filter.trace_coordinates also gets plots/psd.png. An audit folder (fedsim audit
     --attack canary|user-inference) is printed and its plots redrawn; a sweep folder (fedsim sweep)
     gets accuracy_vs_epsilon.png and arms.png, and its table and the privacy of selecting its best
     arm are printed."""
