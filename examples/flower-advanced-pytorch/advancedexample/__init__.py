@@ -1,0 +1,1 @@
+"""advancedexample: Flower's advanced-pytorch app, with fedsim's user-level MF-DP."""

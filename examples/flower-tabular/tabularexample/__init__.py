@@ -1,0 +1,1 @@
+"""tabularexample: Flower's fl-tabular app, with fedsim's user-level DP."""
