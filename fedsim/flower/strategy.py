@@ -333,17 +333,19 @@ class UserLevelDP(Strategy):
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs: the DP server (noise stream position, filter, optimizer,
-        ledger), the privacy key (a secret: protect it like one), the identities seen, the last
-        published model and the settings."""
+        ledger, and `x`, whose floats are the last model the wrapper handed on), the privacy key
+        (a secret: protect it like one), the identities seen, that model's array names, shapes,
+        dtypes and non-floating arrays (its floats are not stored twice), the skipped rounds and
+        the settings."""
+        pending = None if self._pending is None else self._pending["server"]
         return {
-            "format": "fedsim.flower/1",
+            "format": "fedsim.flower/2",
             "settings": self.cfg.model_dump(mode="json"),
             "population": self.population,
             "key": self.key.state_dict(),
-            "server": None if self.server is None else self.server.state_dict(),
+            "server": pending if self.server is None else self.server.state_dict(),
             "census": self.census.state_dict(),
-            "last_arrays": None if self.last_arrays is None else self.last_arrays.to_numpy_ndarrays(),
-            "last_names": None if self.last_arrays is None else list(self.last_arrays.keys()),
+            "published": None if self.last_arrays is None else _published_frame(self.last_arrays),
             "skipped": [list(x) for x in self.skipped],
         }
 
@@ -360,8 +362,10 @@ class UserLevelDP(Strategy):
         self._pending = state
         self.key = PrivacyKey.from_state_dict(state["key"])
         self.skipped = [(int(r), int(t)) for r, t in state.get("skipped", [])]
-        if state["last_arrays"] is not None:
+        if state.get("last_arrays") is not None:  # format 1: the model itself
             self.last_arrays = ArrayRecord({k: Array(v) for k, v in zip(state["last_names"], state["last_arrays"])})
+        elif state.get("published") is not None and state["server"] is not None:  # format 2: its floats are x
+            self.last_arrays = _from_frame(state["published"], state["server"]["params"])
 
     def _apply_pending(self) -> None:
         state, self._pending = self._pending, None
@@ -566,6 +570,31 @@ class UserLevelDP(Strategy):
         if not self.side_statistics:
             return None
         return self.strategy.aggregate_evaluate(server_round, unseal(replies))
+
+
+def _published_frame(record: ArrayRecord) -> dict[str, Any]:
+    """What the checkpoint keeps of the published model besides its floats, which are the DP
+    server's `x` (saved once): each array's name, shape and dtype, and the non-floating arrays."""
+    layout = Layout(
+        tuple(record.keys()),
+        tuple(tuple(a.shape) for a in record.values()),
+        tuple(np.dtype(a.dtype) for a in record.values()),
+        tuple(bool(np.issubdtype(np.dtype(a.dtype), np.floating)) for a in record.values()),
+    )
+    fixed = [a.numpy() for a, f in zip(record.values(), layout.floating) if not f]
+    return {"names": list(layout.names), "shapes": [list(x) for x in layout.shapes],
+            "dtypes": [d.str for d in layout.dtypes], "floating": list(layout.floating), "fixed": fixed}  # fmt: skip
+
+
+def _from_frame(frame: dict[str, Any], params: torch.Tensor) -> ArrayRecord:
+    """The published model from `_published_frame`'s output and the server's `x`."""
+    layout = Layout(tuple(frame["names"]), tuple(tuple(x) for x in frame["shapes"]),
+                    tuple(np.dtype(d) for d in frame["dtypes"]), tuple(frame["floating"]))  # fmt: skip
+    fixed = iter(frame["fixed"])
+    like = ArrayRecord(
+        {n: Array(np.zeros(0, np.float32) if f else next(fixed)) for n, f in zip(layout.names, layout.floating)}
+    )
+    return layout.unflatten(params, like)
 
 
 def _same_content(a: RecordDict, b: RecordDict) -> bool:

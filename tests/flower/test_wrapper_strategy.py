@@ -407,3 +407,34 @@ def test_the_out_folder_states_what_fedsim_privacy_states(tmp_path):
     import tomllib
 
     assert set(tomllib.loads(text)) == {"name", "rounds", "client", "sampling", "privacy", "filter", "server"}
+
+
+def test_the_checkpoint_keeps_the_published_model_once_and_a_resume_gets_it_exactly(tmp_path):
+    """The checkpoint holds the published model's floats once (as the DP server's x), with its
+    non-floating arrays and dtypes beside them: a resume gives back the very arrays, a float16
+    array and an int64 buffer included, and its own state_dict (before any round) still holds
+    the server's state."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg, context):
+        rec = msg.content["arrays"]
+        new = ArrayRecord({"w": Array((rec["w"].numpy() + 0.1 * _direction()).astype(np.float32)),
+                           "step": rec["step"], "h": Array((rec["h"].numpy() + 0.5).astype(np.float16))})  # fmt: skip
+        return Message(RecordDict({"arrays": new, "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    model = _model()
+    model["h"] = Array(np.ones((3, 2), np.float16))
+    kw = dict(privacy={"mechanism": "blt", "noise_multiplier": 1.0}, sampling={"scheme": "min_sep", "min_sep": 2})
+    dp = _dp(**kw, out=tmp_path)
+    with task_identity():
+        dp.start(InProcessGrid(app, 4), model, num_rounds=2)
+    resumed = _dp(**kw, out=tmp_path, resume=True)
+    got, want = resumed.resume_arrays(), dp.last_arrays
+    assert list(got.keys()) == list(want.keys()) == ["w", "step", "h"]
+    for k in want.keys():
+        assert got[k].numpy().dtype == want[k].numpy().dtype and np.array_equal(got[k].numpy(), want[k].numpy())
+    assert got["step"].numpy().tolist() == [7] and not np.array_equal(got["h"].numpy(), np.ones((3, 2)))
+    state = resumed.state_dict()
+    assert state["server"]["round"] == 2 and "last_arrays" not in state
+    assert set(state["published"]) == {"names", "shapes", "dtypes", "floating", "fixed"}
