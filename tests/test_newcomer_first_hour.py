@@ -424,3 +424,36 @@ def test_the_light_config_reader_knows_every_top_level_key():
     from fedsim.config_file import TOP_LEVEL_KEYS
 
     assert sorted(TOP_LEVEL_KEYS) == sorted(Config.model_fields)
+
+
+def test_a_sweep_draws_accuracy_against_epsilon_across_its_arms():
+    """One point per arm at (ε, mean accuracy in %) with its std over seeds; the no-DP arm a
+    dashed line; the axes say what is drawn."""
+    import matplotlib.pyplot as plt
+
+    from fedsim.reporting.sweep_report import accuracy_vs_epsilon_figure
+
+    base = {"delta": 1e-5, "neighboring_relation": "add_or_remove_one", "seeds": 3, "planned": 3}
+    arms = [
+        {**base, "arm": "z=0.5", "epsilon": 8.0, "final_eval_accuracy": 0.40, "final_eval_accuracy_std": 0.02},
+        {**base, "arm": "z=1", "epsilon": 2.0, "final_eval_accuracy": 0.30, "final_eval_accuracy_std": 0.01},
+        {**base, "arm": "no-dp", "epsilon": "inf", "final_eval_accuracy": 0.45, "final_eval_accuracy_std": 0.0},
+    ]
+    fig = accuracy_vs_epsilon_figure({"metric": "final_eval_accuracy", "arms": arms, "trials": []})
+    try:
+        (ax,) = fig.axes
+        assert ax.get_xlabel() == "ε (add/remove one user, δ = 1e-05)"
+        assert ax.get_ylabel() == "final_eval_accuracy (%), mean ± std over seeds"
+        points = {
+            c.get_label(): (list(c.lines[0].get_xdata()), list(c.lines[0].get_ydata()), c.lines[2][0].get_segments())
+            for c in ax.containers
+        }
+        x, y, bars = points["z=0.5"]
+        assert (x, y) == ([8.0], [pytest.approx(40.0)]) and [s[:, 1].tolist() for s in bars] == [[38.0, 42.0]]
+        x, y, bars = points["z=1"]
+        assert (x, y) == ([2.0], [pytest.approx(30.0)]) and [s[:, 1].tolist() for s in bars] == [[29.0, 31.0]]
+        lines = {ln.get_label(): list(ln.get_ydata()) for ln in ax.lines if not ln.get_label().startswith("_")}
+        assert lines == {"no-dp (ε = ∞)": [pytest.approx(45.0)] * 2}  # a dashed horizontal line
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["no-dp (ε = ∞)", "z=0.5", "z=1"]
+    finally:
+        plt.close(fig)

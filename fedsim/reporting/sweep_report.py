@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from fedsim.errors import writing
 from fedsim.privacy.display import format_delta
 
 
@@ -49,6 +50,19 @@ def plot_accuracy_vs_epsilon(folder: Path, result: dict[str, Any]) -> Path:
     folder : the sweep folder (the figure is written there as ``accuracy_vs_epsilon.png``).
     result : its ``sweep.json``.
     """
+    import matplotlib.pyplot as plt
+
+    fig = accuracy_vs_epsilon_figure(result)
+    path = folder / "accuracy_vs_epsilon.png"
+    with writing(path):
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def accuracy_vs_epsilon_figure(result: dict[str, Any]) -> Any:
+    """The figure of `plot_accuracy_vs_epsilon` (a matplotlib `Figure`, not saved; close it with
+    `matplotlib.pyplot.close`), from a sweep's `sweep.json` as a dict."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,10 +96,7 @@ def plot_accuracy_vs_epsilon(folder: Path, result: dict[str, Any]) -> Path:
     ax.set_ylabel(f"{metric}{' (%)' if pct == 100.0 else ''}, mean ± std over seeds")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
-    path = folder / "accuracy_vs_epsilon.png"
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
 
 
 def plot_arms(folder: Path, result: dict[str, Any]) -> Path:
