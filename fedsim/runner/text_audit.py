@@ -245,3 +245,104 @@ def run_text_audit(
 
     plot_text_audit(out)
     return report
+
+
+def run_text_one_run_audit(
+    cfg: Config,
+    out_dir: str | Path | None,
+    num_canaries: int = 200,
+    *,
+    repetitions: int = 16,
+    size: int | None = 100,
+    secret_length: int = 8,
+    confidence: float = 0.95,
+    seed: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """One-run ε lower bounds from text canaries (fedsim.attacks.one_run), final-model adversary.
+
+    `num_canaries` secret-sharer canary users are described (a donor's text, `size` characters or
+    sentences, with a random secret inserted `repetitions` times); each is included with
+    probability 1/2 by the keyed coin of fedsim.runner.audit.inclusion_bits. An included canary
+    replaces its donor; an excluded one is absent and so is its donor, so a coin adds or removes
+    exactly one user. After training, every canary's score is how much training lowered its
+    secret's log-perplexity: `lp_initial − lp_trained` (bits). The guesses and bounds are those of
+    `one_run_bound` at the run's δ.
+
+    Parameters
+    ----------
+    cfg : the experiment config (a next-character or next-word dataset).
+    out_dir : the audit folder (default runs/<timestamp>-<name>-audit); the run goes to out_dir/run,
+        the report to out_dir/one_run_audit.json, the scores to out_dir/one_run_scores.npz.
+    num_canaries : m, canaries with a coin (each needs its own donor). Default 200.
+    repetitions : copies of each secret. Default 16.
+    size : donor data each canary keeps (characters or sentences); None keeps all. Default 100.
+    secret_length : characters or words per secret. Default 8.
+    confidence : of the bounds. Default 0.95.
+    seed : the audit seed (donors, secrets, coins); default from the run's seed.
+    progress : print the run's progress line.
+    """
+    from dataclasses import replace
+
+    from fedsim.attacks.canaries import make_canary_set
+    from fedsim.attacks.one_run import one_run_bound, perfect_separation_bound
+    from fedsim.attacks.scoring import sequence_log_perplexity
+    from fedsim.runner.audit import inclusion_bits
+    from fedsim.runner.runner import default_run_dir, run_experiment
+
+    if num_canaries < 2:
+        raise FedsimError(f"--canaries must be ≥ 2 for a one-run audit (got {num_canaries})")
+    out = Path(out_dir) if out_dir is not None else default_run_dir(cfg).with_name(default_run_dir(cfg).name + "-audit")
+    seed = derive_seed(cfg.seed, "text-audit") % (2**63) if seed is None else int(seed)
+    base = load_federated(cfg.data)
+    if base.task not in ("char", "nwp"):
+        raise FedsimError(f"text canaries need a next-character or next-word dataset; data.name = '{cfg.data.name}'")
+    every = make_canary_set(base, num_canaries, (repetitions,), (size,), secret_length, seed)
+    inc = inclusion_bits(seed, num_canaries)
+    kept = tuple(replace(c, index=j) for j, c in enumerate(c for c, i in zip(every.canaries, inc) if i))
+    view = AuditView(
+        replace(every, canaries=kept), held_out=tuple(c.donor for c, i in zip(every.canaries, inc) if not i)
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    summary = run_experiment(cfg, out / "run", progress=progress, view=view)
+    trained, initial = _models(cfg, out / "run", base.model_dims())
+    secrets = np.asarray([c.secret for c in every.canaries], dtype=np.int64)
+    kw: dict[str, Any] = dict(window=every.window if every.task == "char" else None)
+    lp_trained = sequence_log_perplexity(trained, every.task, secrets, every.context, **kw)
+    lp_initial = sequence_log_perplexity(initial, every.task, secrets, every.context, **kw)
+    scores = lp_initial - lp_trained
+    delta = float(summary["delta"])
+    bounds = [
+        {"adversary": "final-model", "statistic": "lp_initial - lp_trained of the secret (bits)", **b.to_dict()}
+        for b in (one_run_bound(scores, inc, delta, confidence=confidence, method=m) for m in ("snj", "fdp"))
+    ]
+    report = {
+        "kind": "text-one-run-audit",
+        "bounds": bounds,
+        "ceiling": {
+            m: perfect_separation_bound(num_canaries, delta, confidence=confidence, method=m) for m in ("snj", "fdp")
+        },
+        "ledger_epsilon": summary["epsilon"],
+        "delta": delta,
+        "confidence": confidence,
+        "neighboring_relation": summary.get("neighboring_relation"),
+        "num_canaries": num_canaries,
+        "num_included": int(inc.sum()),
+        "repetitions": repetitions,
+        "size": size,
+        "secret_length": secret_length,
+        "score_included": {"mean": float(scores[inc].mean()), "std": float(scores[inc].std())},
+        "score_excluded": {"mean": float(scores[~inc].mean()), "std": float(scores[~inc].std())},
+        "mechanism": summary["mechanism"],
+        "scheme": summary["scheme"],
+        "noise_multiplier": summary["noise_multiplier"],
+        "population": summary["population"],
+        "rounds": summary["rounds_completed"],
+        "final_eval_accuracy": summary.get("final_eval_accuracy"),
+        "seed": seed,
+        "run_dir": str(out / "run"),
+    }
+    report = _json_safe(report)
+    (out / "one_run_audit.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    np.savez(out / "one_run_scores.npz", included=inc, scores=scores, lp_trained=lp_trained, lp_initial=lp_initial)
+    return report

@@ -123,3 +123,22 @@ def test_cli_one_run(tmp_path, capsys):
     assert "ceiling for m" in out and "guesses correct" in out
     code, _, err = run_cli(capsys, "audit", "--attack", "one-run", "--attack", "canary", "--out", str(tmp_path / "d"))
     assert code == 2 and len(err.strip().splitlines()) == 1 and "runs alone" in err
+
+
+def test_text_one_run_audit_population_and_report(tmp_path):
+    """Text canaries: an included canary replaces its donor; an excluded canary and its donor are
+    both absent, so each coin adds or removes exactly one user."""
+    from fedsim.runner.text_audit import run_text_one_run_audit
+
+    cfg = load_config(None, [*BASE, "rounds=2", "data.max_users=40", "privacy.mechanism='none'"])
+    rep = run_text_one_run_audit(cfg, tmp_path / "t", 20, seed=3, progress=False)
+    inc = inclusion_bits(3, 20)
+    assert rep["num_included"] == int(inc.sum())
+    assert rep["population"] == 40 - 20 + int(inc.sum())
+    scores = np.load(tmp_path / "t" / "one_run_scores.npz")
+    assert (scores["included"] == inc).all()
+    assert np.allclose(scores["scores"], scores["lp_initial"] - scores["lp_trained"])
+    assert {b["method"] for b in rep["bounds"]} == {"snj", "fdp"}
+    for b in rep["bounds"]:
+        again = one_run_bound(scores["scores"], inc, rep["delta"], method=b["method"])
+        assert b["epsilon"] == pytest.approx(again.epsilon, abs=1e-12) and b["num_canaries"] == 20
