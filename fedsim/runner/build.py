@@ -586,20 +586,21 @@ def _build_server(
 
 def noise_table_note(stream: MatrixStream) -> str:
     """What a noise table costs, said before round 1 (the run's header): its disk, its memory and a
-    CPU estimate from this machine's rates (about 30 ns a Gaussian, 2 GFLOP/s for the float64
-    product on one core; docs/benchmarks.md "Scale").
+    CPU estimate at the rates measured on a 2-core CI machine (about 30 ns a Gaussian, 20 GFLOP/s
+    for the float64 product on one core; docs/benchmarks.md, "Scale").
 
     Parameters
     ----------
     stream : the run's correlated stream, bound to the model's dimension.
     """
     n, m = stream.noising.shape
-    minutes = (m * stream.dim * 30e-9 + 2.0 * n * m * stream.dim / 2e9) / 60
+    flops = (1.0 if n == m else 2.0) * n * m * stream.dim  # triangular M: half a general product
+    minutes = (m * stream.dim * 30e-9 + flops / 20e9) / 60
     return (
         f"{stream.name} noise: Z's {m} rows of {stream.dim:,} ({m * stream.dim * 4 / 2**30:.1f} GiB) exceed "
         f"privacy.noise_memory_mib, so every noise row is computed once, at round 1, into a "
         f"{stream.table_bytes() / 1e9:.1f} GB table in the run's checkpoint/ (owner-only, deleted when the run "
-        f"ends; {stream.memory_budget / 2**20:.0f} MiB of memory, about {minutes:.0f} CPU-minutes here); a round "
+        f"ends; {stream.memory_budget / 2**20:.0f} MiB of memory, about {minutes:.0f} CPU-minutes); a round "
         f"then reads one row"
     )
 
