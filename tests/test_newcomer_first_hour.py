@@ -203,6 +203,8 @@ def test_a_diverging_learning_rate_is_warned_about(capsys, tmp_path):
     code, out, err = run_cli(capsys, "run", "--out", str(tmp_path / "run"), "--quiet", *args)
     assert code == 0, err
     assert "note: training diverged: the train loss is" in out and "lower client.lr" in out
+    page = tmp_path / "run" / "report.html"
+    assert f"pictures: {tmp_path / 'run' / 'plots'}; one page with them all: {page}" in out and page.is_file()
     args = [a for s in SMALL for a in ("--set", s)]
     code, out, err = run_cli(capsys, "run", "--out", str(tmp_path / "fine"), "--quiet", *args)
     assert code == 0 and "diverged" not in out  # the default learning rate is not flagged
