@@ -20,7 +20,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from scipy.signal import lfilter
 
 from fedsim.errors import FedsimError
 from fedsim.server.filters.base import Filter, FilterKind, FilterOptions, _check_update, register_filter
@@ -104,6 +103,8 @@ def validate_coefficients(b: Sequence[float], a: Sequence[float]) -> tuple[tuple
             f"filter.b = {list(bt)}, filter.a = {list(at)} have DC gain sum(b)/(1+sum(a)) = {gain:.12g}, "
             "not 1; rescale filter.b so that sum(b) = 1 + sum(a) (or use a filter.preset)"
         )
+    from scipy.signal import lfilter  # imported when used: scipy.signal costs every command ~0.5 s to import
+
     step = lfilter(np.array(bt), np.array((1.0, *at)), np.ones(_STEP_CHECK))
     if np.min(np.abs(step)) < 1e-12:
         raise FedsimError(
@@ -203,6 +204,8 @@ class DopplerFilter(Filter):
         n = int(n)
         if n < 0:
             raise FedsimError(f"impulse_response needs n >= 0, got {n}")
+        from scipy.signal import lfilter
+
         den = np.array((1.0, *self.a))
         num = np.array(self.b)
         k = lfilter(num, den, np.eye(1, n, 0).ravel()) if n else np.zeros(0)
