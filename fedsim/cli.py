@@ -276,16 +276,12 @@ def _load_with_target(config: Path | None, overrides: list[str], target: float):
     from fedsim.config_file import precheck
 
     precheck(config, overrides)
-    from fedsim.config import (
-        DEFAULT_EXPERIMENT,
-        apply_overrides,
-        config_from_dict,
-        read_config_file,
-        resolve_experiment,
-    )
+    from fedsim import plugins
 
-    raw = read_config_file(resolve_experiment(config) if config is not None else DEFAULT_EXPERIMENT)
-    raw = apply_overrides(raw, overrides)
+    plugins.of_file(config)  # its plugins register their parts before the schema is built
+    from fedsim.config import apply_overrides, config_from_dict, read_experiment
+
+    raw = apply_overrides(read_experiment(config)[1], overrides)  # relative paths from the file's folder
     priv = raw.setdefault("privacy", {})
     if not isinstance(priv, dict):
         raise FedsimError("privacy: expected a table")

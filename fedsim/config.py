@@ -32,7 +32,7 @@ from fedsim import plugins as _plugins
 
 _plugins.load_startup()  # $FEDSIM_PLUGINS and installed plugins register before the schema is built
 
-from fedsim.config_file import parse_override, read_config_file, read_experiment  # noqa: E402
+from fedsim.config_file import DEFAULT_EXPERIMENT, parse_override, read_config_file, read_experiment  # noqa: E402, F401
 from fedsim.data.registry import DATASETS, DataOptions, data_spec  # noqa: E402
 from fedsim.errors import FedsimError  # noqa: E402
 from fedsim.models import MODELS  # noqa: E402
@@ -41,8 +41,6 @@ from fedsim.privacy.mechanisms.registry import MECHANISMS  # noqa: E402
 from fedsim.server.filters.base import FILTERS, FilterOptions  # noqa: E402
 from fedsim.server.optim import OPTIMIZERS, OptimizerOptions  # noqa: E402
 from fedsim.shipped import REPO_ROOT, experiments_dir, resolve_experiment, shipped_experiments  # noqa: E402, F401
-
-DEFAULT_EXPERIMENT = experiments_dir() / "shakespeare_default.toml"
 
 
 class _Section(BaseModel):
@@ -873,9 +871,7 @@ def _drop_foreign_keys(out: dict[str, Any], raw: dict[str, Any], set_keys: set[t
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load a config from TOML (default: the bundled default experiment) and apply
     ``--set`` overrides. Raises :class:`FedsimError` naming every bad key."""
-    p, raw = read_experiment(path) if path is not None else (DEFAULT_EXPERIMENT, read_config_file(DEFAULT_EXPERIMENT))
-    raw = _plugins.relative_to(raw, p.resolve().parent)
-    return config_from_dict(apply_overrides(raw, overrides or []))
+    return config_from_dict(apply_overrides(read_experiment(path)[1], overrides or []))
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:

@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import FedsimError
-from fedsim.shipped import resolve_experiment
+from fedsim.shipped import experiments_dir, resolve_experiment
+
+#: The experiment run when no CONFIG is given.
+DEFAULT_EXPERIMENT = experiments_dir() / "shakespeare_default.toml"
 
 #: The top-level keys of an experiment config (`fedsim.config.Config`'s fields; a test keeps
 #: the two equal).
@@ -87,17 +90,21 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-def read_experiment(path: str | Path) -> tuple[Path, dict[str, Any]]:
-    """The file `path` names (a path, or a shipped experiment's name) and its raw TOML table;
-    an empty file is a `FedsimError` (omitting CONFIG runs the default experiment)."""
-    p = resolve_experiment(path)
+def read_experiment(path: str | Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """The file `path` names (a path, or a shipped experiment's name; None: the bundled default
+    experiment) and its raw TOML table, with the relative paths of its `plugins`, `data.root`
+    and `data.cache_dir` taken from the file's folder (`fedsim.plugins.relative_to`); an empty
+    file is a `FedsimError` (omitting CONFIG runs the default experiment)."""
+    from fedsim.plugins import relative_to
+
+    p = resolve_experiment(path) if path is not None else DEFAULT_EXPERIMENT
     raw = read_config_file(p)
-    if not raw:
+    if not raw and path is not None:
         raise FedsimError(
             f"config file {p} is empty; give the experiment's keys, or omit CONFIG to run the "
             f"bundled default experiment"
         )
-    return p, raw
+    return p, relative_to(raw, p.resolve().parent)
 
 
 def precheck(path: str | Path | None, overrides: list[str] | None) -> None:

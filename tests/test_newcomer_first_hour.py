@@ -4,6 +4,8 @@ result. Each test is one reported case, as a user met it."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -176,6 +178,9 @@ def test_a_config_s_relative_data_root_is_taken_from_the_config_s_folder(capsys,
     code, out, err = run_cli(capsys, "run", str(home / "mine.toml"), "--out", "r", "--quiet")
     assert code == 0, err
     assert "population: 6" in (elsewhere / "r" / "summary.json").read_text().replace('"', "").replace(",", "")
+    for extra in ([], ["--target-epsilon", "3"]):  # fedsim privacy reads the table the same way
+        code, out, err = run_cli(capsys, "privacy", str(home / "mine.toml"), "--json", *extra)
+        assert code == 0 and json.loads(out)["population"] == 6, err
     (home / "mine.toml").write_text(toml.replace("mine.parquet", "missing.parquet"))
     code, _, err = run_cli(capsys, "run", str(home / "mine.toml"), "--out", "r2", "--quiet")
     _one_line_error(
