@@ -1,17 +1,22 @@
-"""Round time of :class:`fedsim.flower.UserLevelDP` against Flower's own
-``DifferentialPrivacyServerSideFixedClipping``, on Flower's quickstart-pytorch app
-(``examples/flower-quickstart-pytorch``: its CNN, 62,006 parameters, and its ClientApp).
+"""Round time of `fedsim.flower.UserLevelDP` against Flower's own
+`DifferentialPrivacyServerSideFixedClipping`, on Flower's quickstart-pytorch app
+(`examples/flower-quickstart-pytorch`: its ClientApp, data and CNN, 62,006 parameters), and on the
+same app with the CNN's fully connected layers widened to about 1M and 11M parameters.
 
-Both wrap ``FedAvg`` and train all 10 nodes every round with the same clip norm. Flower's wrapper
-adds independent Gaussian noise; fedsim's adds BLT correlated noise (min_sep 1: every node in
-every round) from the keyed CSPRNG, and keeps the ledger. Both run on fedsim's in-process Grid,
-which calls the same ClientApp (with its mods) directly, so the nodes' training is identical and
-the difference is the strategies' own work. The two are timed in alternation, ``--repeats``
-times each, in one process; the ratio of medians is reported, with the server-side time
-(``aggregate_train``) apart. A round's time is the median over rounds 2..n of one run: round 1
-also pays one-off start-up costs (building the noise stream, the first ε), reported apart.
+Both wrap `FedAvg` and train all 10 nodes every round with the same clip norm. Flower's wrapper
+adds independent Gaussian noise and (unless `--no-accountant`) keeps its own RDP accountant
+(`RdpAccountant`; fixed clipping accounts only `no-amplification` sampling). fedsim's adds BLT correlated noise
+(min_sep 1: every node in every round) from the keyed CSPRNG and keeps the ledger; with
+`out=` it also writes the ledger and the checkpoint (the resume state) before each round's model
+is returned, as docs/flower.md shows it used. Both run on fedsim's in-process Grid, which calls
+the same ClientApp (with its mods) directly, so the nodes' training is identical and the
+difference is the strategies' own work. For each size the three (Flower, fedsim, fedsim with
+`out=`) are timed in alternation, `--repeats` times each, in one process; the ratios of medians
+are reported, with the server-side time (`aggregate_train`) apart. A round's time is the median
+over rounds 2..n of one run: round 1 also pays one-off start-up costs (building the noise
+stream, the first ε), reported apart.
 
-    python benchmarks/flower_wrapper.py --rounds 5 --repeats 5 --out benchmarks/flower_wrapper_results.json
+    python benchmarks/flower_wrapper.py --rounds 5 --repeats 5 --sizes 62k,1M,11M --out benchmarks/flower_wrapper_results.json
 """
 
 from __future__ import annotations
@@ -43,23 +48,62 @@ def _timed(strategy):
     return strategy
 
 
-def _one(kind: str, rounds: int, nodes: int) -> tuple[float, float]:
-    from flwr.app import ArrayRecord, ConfigRecord
+#: The widths of the CNN's first fully connected layer for each size (62k is the app's own CNN).
+WIDTHS = {"62k": None, "1M": 2050, "11M": 22600}
+
+
+def _net(width: int | None):
+    """The quickstart CNN, its first fully connected layer `width` wide (None: the app's own)."""
+    from pytorchexample import task
+    from torch import nn
+
+    if width is None:
+        return task.Net
+
+    class Wide(task.Net):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(16 * 5 * 5, width)
+            self.fc2 = nn.Linear(width, 84)
+
+    return Wide
+
+
+def _strategy(kind: str, rounds: int, nodes: int, accountant: bool, out: Path | None):
     from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
-    from pytorchexample.client_app import app
-    from pytorchexample.task import Net
 
     from fedsim.flower import UserLevelDP
-    from fedsim.runner.inprocess import InProcessGrid, task_identity
 
     fedavg = FedAvg(fraction_evaluate=0.0, min_available_nodes=nodes)
     if kind == "flower":
-        strategy = DifferentialPrivacyServerSideFixedClipping(fedavg, 1.0, 1.0, nodes)
-    else:
-        strategy = UserLevelDP(fedavg, rounds=rounds, population=nodes, clip_norm=1.0,
-                               privacy={"mechanism": "blt", "noise_multiplier": 1.0},
-                               sampling={"scheme": "min_sep", "min_sep": 1})  # fmt: skip
-    strategy = _timed(strategy)
+        acc = None
+        if accountant:
+            from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig, SamplingMethod
+            from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+            acc = RdpAccountant(PrivacyConfig(target_delta=1.0 / nodes**1.1, population_size=nodes,
+                                              neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                              sampling_method=SamplingMethod.NO_AMPLIFICATION))  # fmt: skip
+        return DifferentialPrivacyServerSideFixedClipping(fedavg, 1.0, 1.0, nodes, accountant=acc)
+    return UserLevelDP(fedavg, rounds=rounds, population=nodes, clip_norm=1.0, out=out,
+                       privacy={"mechanism": "blt", "noise_multiplier": 1.0},
+                       sampling={"scheme": "min_sep", "min_sep": 1})  # fmt: skip
+
+
+def _one(kind: str, rounds: int, nodes: int, width: int | None, accountant: bool = True) -> tuple[float, float]:
+    import shutil
+    import tempfile
+
+    from flwr.app import ArrayRecord, ConfigRecord
+    from pytorchexample import client_app
+
+    from fedsim.runner.inprocess import InProcessGrid, task_identity
+
+    net = _net(width)
+    client_app.Net = net  # the ClientApp builds the model by this name
+    folder = Path(tempfile.mkdtemp(prefix="flower-wrapper-")) if kind == "fedsim-out" else None
+    strategy = _timed(_strategy("flower" if kind == "flower" else "fedsim", rounds, nodes, accountant, folder))
+    app = client_app.app
     grid = InProcessGrid(app, nodes)
     run_config = {"local-epochs": 1, "batch-size": 32}
     for ctx in grid.contexts.values():
@@ -72,8 +116,10 @@ def _one(kind: str, rounds: int, nodes: int) -> tuple[float, float]:
         server.append(strategy.server_seconds)
 
     with task_identity():
-        strategy.start(grid, ArrayRecord(Net().state_dict()), num_rounds=rounds,
+        strategy.start(grid, ArrayRecord(net().state_dict()), num_rounds=rounds,
                        train_config=ConfigRecord({"lr": 0.1}), evaluate_fn=clock)  # fmt: skip
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
     # steady state: rounds 2..n (round 1 pays one-off start-up: building the noise stream, the
     # first ε from dp-accounting)
     rt = [b - a for a, b in zip(stamps[1:], stamps[2:])]
@@ -81,32 +127,79 @@ def _one(kind: str, rounds: int, nodes: int) -> tuple[float, float]:
     return statistics.median(rt), statistics.median(st)
 
 
+def _size(width: int | None) -> int:
+    return sum(p.numel() for p in _net(width)().parameters())
+
+
+def _checkpoint_mb(width: int | None, nodes: int) -> float:
+    """The size of one round's checkpoint (MB) at this model size."""
+    import tempfile
+
+    from flwr.app import ArrayRecord, ConfigRecord
+    from pytorchexample import client_app
+
+    from fedsim.runner.inprocess import InProcessGrid, task_identity
+
+    client_app.Net = net = _net(width)
+    folder = Path(tempfile.mkdtemp(prefix="flower-wrapper-ckpt-"))
+    dp = _strategy("fedsim", 1, nodes, False, folder)
+    grid = InProcessGrid(client_app.app, nodes)
+    for ctx in grid.contexts.values():
+        ctx.run_config.update({"local-epochs": 1, "batch-size": 32})
+    with task_identity():
+        dp.start(grid, ArrayRecord(net().state_dict()), num_rounds=1, train_config=ConfigRecord({"lr": 0.1}))
+    return (folder / "checkpoint" / "checkpoint.pt").stat().st_size / 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--nodes", type=int, default=10)
+    ap.add_argument("--sizes", default="62k,1M,11M", help="comma-separated, of " + ", ".join(WIDTHS))
+    ap.add_argument("--no-accountant", dest="accountant", action="store_false",
+                    help="run Flower's wrapper without its RDP accountant")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     sys.path.insert(0, str(APP))
     import logging
 
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-    times: dict[str, list[tuple[float, float]]] = {"flower": [], "fedsim": []}
-    _one("flower", 3, args.nodes), _one("fedsim", 3, args.nodes)  # warm-up: imports, first-call costs
-    for _ in range(args.repeats):
-        for kind in ("flower", "fedsim"):
-            times[kind].append(_one(kind, args.rounds, args.nodes))
-    med = {k: (statistics.median(t for t, _ in v), statistics.median(s for _, s in v)) for k, v in times.items()}
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    kinds = ("flower", "fedsim", "fedsim-out")
+    results = []
+    for size in args.sizes.split(","):
+        width = WIDTHS[size]
+        for kind in kinds:  # warm-up: imports, first-call costs
+            _one(kind, 3, args.nodes, width, args.accountant)
+        times: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
+        for _ in range(args.repeats):
+            for kind in kinds:
+                times[kind].append(_one(kind, args.rounds, args.nodes, width, args.accountant))
+        med = {k: (statistics.median(t for t, _ in v), statistics.median(s for _, s in v)) for k, v in times.items()}
+        row = {
+            "size": size,
+            "parameters": _size(width),
+            "round_seconds": {k: m[0] for k, m in med.items()},
+            "aggregate_seconds": {k: m[1] for k, m in med.items()},
+            "ratio_round": med["fedsim"][0] / med["flower"][0],
+            "ratio_round_out": med["fedsim-out"][0] / med["flower"][0],
+            "ratio_aggregate": med["fedsim"][1] / med["flower"][1],
+            "ratio_aggregate_out": med["fedsim-out"][1] / med["flower"][1],
+            "checkpoint_mb": _checkpoint_mb(width, args.nodes),
+        }
+        print(json.dumps(row), flush=True)
+        results.append(row)
+    import flwr
+    import torch
+
     result = {
         "nodes": args.nodes,
         "rounds": args.rounds,
         "repeats": args.repeats,
-        "parameters": 62006,
-        "round_seconds": {k: m[0] for k, m in med.items()},
-        "aggregate_seconds": {k: m[1] for k, m in med.items()},
-        "ratio_round": med["fedsim"][0] / med["flower"][0],
-        "ratio_aggregate": med["fedsim"][1] / med["flower"][1],
+        "flower": flwr.__version__,
+        "flower_accountant": args.accountant,
+        "torch_threads": torch.get_num_threads(),
+        "sizes": results,
     }
     print(json.dumps(result, indent=1))
     if args.out is not None:
