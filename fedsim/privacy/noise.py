@@ -65,7 +65,9 @@ class NoiseMechanism:
         local training; :meth:`draw` of the same ``j`` and key then takes it. ``ξ_j`` is a pure
         function of (key, j), so the row is the same, bit for bit, whenever it is computed; a
         prefetched row whose key or index does not match is never used."""
-        if self._ahead is not None and self._ahead[0] == self.key and self._ahead[1] == int(j):
+        if not self.stream.draws_ahead() or (
+            self._ahead is not None and self._ahead[0] == self.key and self._ahead[1] == int(j)
+        ):
             return
         self._ahead = (self.key, int(j), worker("fedsim-noise").submit(_xi, self.key, int(j), self.dim, self.device))
 
@@ -194,6 +196,10 @@ class MatrixStream(NoiseStream):
         """Whether all ``m`` rows of ``ξ`` fit in :attr:`memory_budget` bytes (float32)."""
         return bool(self.noising.shape[1] * self.dim * 4 <= self.memory_budget)
 
+    def draws_ahead(self) -> bool:
+        """False once the noise table is built: a round then reads its row and draws nothing."""
+        return self._table is None
+
     def table_bytes(self) -> int:
         """Disk the noise table takes: ``max(n, m)·d·4`` bytes (0 when the history fits)."""
         n, m = self.noising.shape
@@ -282,7 +288,7 @@ class MatrixStream(NoiseStream):
 
         n, m = self.noising.shape
         if n == m and not np.triu(self.noising, 1).any():
-            return blas.dtrmm(1.0, self.noising, z, lower=1)
+            return blas.dtrmm(1.0, self.noising, z, lower=1, overwrite_b=1)  # in place: z is Fortran-ordered
         return self.noising @ z
 
     def close(self) -> None:

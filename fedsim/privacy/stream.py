@@ -63,6 +63,11 @@ class NoiseStream(ABC):
         """Per-coordinate variance of ``n_t``: ``‖row_t(M)‖²`` (1 for independent noise)."""
         return 1.0
 
+    def draws_ahead(self) -> bool:
+        """Whether the next round will ask for a new row of ``Z`` (worth drawing in the
+        background while the round trains). Default True."""
+        return True
+
     def set_scratch(self, folder: Path | None) -> None:
         """Where the stream may keep working files as secret as the key (a noise table,
         :class:`fedsim.privacy.noise.MatrixStream`); streams that keep none ignore it."""

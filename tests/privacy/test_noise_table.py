@@ -122,3 +122,15 @@ def test_the_header_states_the_tables_cost():
     assert "Z's 100 rows of 50,000 (0.0 GiB)" in note and "a 0.0 GB table in the run's checkpoint/" in note
     noise = NoiseMechanism(4_050_748, 1, "cpu", MatrixStream(np.eye(2048), 1.0, name="dense"))
     assert "a 33.2 GB table" in noise_table_note(noise.stream)
+
+
+def test_once_the_table_is_built_nothing_is_drawn_ahead(tmp_path):
+    M = np.linalg.inv(random_banded(6, 6, seed=6))
+    noise = _table_noise(M, 40, 2, tmp_path, 64)
+    noise.prefetch(0)  # before the table: ξ_0 is drawn ahead, and the build takes it
+    assert noise._ahead is not None
+    noise.row(0)
+    assert noise._ahead is None
+    noise.prefetch(1)  # the table holds every row: no Gaussian is drawn for round 1
+    assert noise._ahead is None and torch.equal(noise.row(1), noise.row(1))
+    noise.close()
