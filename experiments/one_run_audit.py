@@ -52,6 +52,27 @@ ARMS = {
     "banded": ["privacy.mechanism='banded'", *EPOCHS],
 }
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
+#: Text canaries (`--text`): trained long enough for a non-private model to memorise a secret seen
+#: 16 times; Poisson sampling, K̄ = 20, server momentum 0.9 with lr 1.0, 3 local epochs, δ = 1e-5.
+TEXT_COMMON = [
+    "rounds=100",
+    "client.local_epochs=3",
+    "sampling.scheme='poisson'",
+    "sampling.cohort_size=20",
+    "server.optimizer='momentum'",
+    "server.lr=1.0",
+    "server.momentum=0.9",
+    "eval.every=0",
+    "eval.max_users=4",
+    "sim.engine='inprocess'",
+    "sim.num_workers=1",
+    "privacy.delta=1e-5",
+]
+#: dataset → (config file, overrides, canaries m, canary size, secret length)
+TEXT = {
+    "shakespeare": (None, ["data.max_users=300", "client.max_examples=64"], 200, 100, 8),
+    "so_fixture": ("experiments/stackoverflow_nwp_fixture.toml", ["data.max_users=250"], 150, 10, 4),
+}
 
 
 def _env() -> None:
@@ -85,6 +106,36 @@ def arm(mechanism: str, eps: float, m: int, work: Path) -> dict[str, Any]:
         "bounds": {
             f"{b['adversary']}/{b['method']}": {k: b[k] for k in ("epsilon", "guesses", "correct")}
             for b in rep["bounds"]
+        },
+    }
+
+
+def text_arm(dataset: str, mechanism: str, eps: float | None, out: Path, so_root: str | None) -> dict[str, Any]:
+    """One text-canary one-run audit (fedsim.runner.text_audit.run_text_one_run_audit); `eps`
+    None with mechanism 'none'. The Stack Overflow fixture needs `so_root` (made by `fedsim data
+    synth stackoverflow --users 250 --per-user 40 --vocab 150 --out DIR`)."""
+    from fedsim.config import load_config
+    from fedsim.runner.text_audit import run_text_one_run_audit
+
+    path, extra, m, size, length = TEXT[dataset]
+    over = [*TEXT_COMMON, *extra, f"privacy.mechanism='{mechanism}'"]
+    if eps is not None:
+        over.append(f"privacy.target_epsilon={eps}")
+    if dataset == "so_fixture":
+        over.append(f"data.root='{so_root}'")
+    t0 = time.perf_counter()
+    rep = run_text_one_run_audit(load_config(path, over), out, m, size=size, secret_length=length, progress=False)
+    return {
+        "dataset": dataset,
+        "mechanism": mechanism,
+        "ledger_epsilon": rep["ledger_epsilon"],
+        "num_canaries": m,
+        "num_included": rep["num_included"],
+        "ceiling": rep["ceiling"],
+        "accuracy": rep["final_eval_accuracy"],
+        "wall_s": time.perf_counter() - t0,
+        "bounds": {
+            b["method"]: {k: b[k] for k in ("epsilon", "guesses", "correct", "confidence")} for b in rep["bounds"]
         },
     }
 
@@ -160,8 +211,21 @@ def main() -> None:
     p.add_argument("--epsilons", default=",".join(f"{e:g}" for e in EPSILONS), help="target ε values")
     p.add_argument("--no-timing", action="store_true", help="skip the plain-vs-audit timing pair")
     p.add_argument("--timing-only", action="store_true", help="only the plain-vs-audit timing pair")
+    p.add_argument(
+        "--text",
+        nargs=3,
+        metavar=("DATASET", "MECHANISM", "EPS"),
+        help="instead: one text-canary arm, e.g. shakespeare none inf or so_fixture gaussian 8",
+    )
+    p.add_argument("--so-root", default="/tmp/so-fixture", help="the generated Stack Overflow fixture (--text)")
     args = p.parse_args()
     _env()
+    if args.text is not None:
+        ds, mech, eps = args.text
+        with tempfile.TemporaryDirectory(prefix="one-run-text-") as tmp:
+            row = text_arm(ds, mech, None if eps == "inf" else float(eps), Path(tmp) / "audit", args.so_root)
+        print(json.dumps(row))
+        return
     rows = []
     with tempfile.TemporaryDirectory(prefix="one-run-audit-") as tmp:
         work = Path(tmp)

@@ -737,6 +737,8 @@ def _release_recorder(canaries: OneRunCanaries) -> Any:
 
             def recorded(total: torch.Tensor, t: int) -> torch.Tensor:
                 g = inner(total, t)
+                if int(t) != len(self.rows):  # one release per round, in order
+                    raise RuntimeError(f"one-run audit: round {t} released out of order (expected {len(self.rows)})")
                 released = g.detach().to("cpu", torch.float32) * server.expected_cohort
                 self.rows.append((u @ released).double().numpy())
                 self.clip.append(float(server.clip_norm))
