@@ -861,8 +861,7 @@ def run_one_run_audit(
             "(Steinke, Nasr, Jagielski 2023: snj; Mahloujifar et al. 2024, Gaussian f-DP: fdp)"
         ),
     }
-    np.savez(
-        out / "one_run_scores.npz", included=canaries.included, **{k.replace("-", "_"): v[0] for k, v in scores.items()}
-    )
+    arrays: dict[str, Any] = {k.replace("-", "_"): v[0] for k, v in scores.items()}
+    np.savez(out / "one_run_scores.npz", included=canaries.included, **arrays)
     (out / "one_run_audit.json").write_text(json.dumps(_json_safe(report), indent=1), encoding="utf-8")
     return _json_safe(report)
