@@ -88,7 +88,7 @@ def test_resuming_with_another_experiment_names_the_key_that_cannot_change_first
 
 def test_audit_lists_every_attack_it_knows(capsys):
     code, _, err = run_cli(capsys, "audit", "--attack", "membership")
-    assert code == 2 and "allowed are gradient, canary, user-inference" in err
+    assert code == 2 and "allowed are gradient, one-run, canary, user-inference" in err
 
 
 def test_a_folder_with_rows_and_no_checkpoint_gets_one_consistent_advice(tmp_path):
