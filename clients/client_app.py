@@ -100,7 +100,7 @@ def train(msg: Message, context: Context) -> Message:
     if task.disk is not None:  # DiSK: the server sent its previous step d_{t−1}
         d_prev = _array(msg, protocol.DIRECTION)
     arrays = {}
-    extra_records = {}
+    extra_records: dict[str, ArrayRecord | ConfigRecord] = {}
     if task.vectorize and task.error_feedback == "none" and task.disk is None and task.example_dp is None:
         total, results = train_users_vectorized(model, x0, data, users, round_index, task.seed, local)
     elif task.error_feedback == "none":

@@ -114,7 +114,7 @@ def _read(root: Path) -> Any:
 def _parquet_rows(root: Path) -> int:
     """The rows parquet file `root` declares in its footer (a file that is not parquet is a
     `FedsimError` naming it)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     try:
         return int(pq.read_metadata(root).num_rows)

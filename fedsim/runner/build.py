@@ -14,7 +14,7 @@ import hashlib
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -324,6 +324,7 @@ def _check_output_width(cfg: Config, data: Any, model: torch.nn.Module) -> None:
 
     if not isinstance(data, TopOneClassification) or not hasattr(data, "train_samples"):
         return
+    data = cast(Any, data)  # a FederatedData that is also a classifier (the mixin alone types neither)
     user = next((u for u in range(data.population) if data.num_train(u) > 0), None)
     if user is None:
         return
