@@ -800,11 +800,14 @@ def audit(
         return
     if len(attacks) > 1:
         raise FedsimError("--attack gradient runs alone; run the text attacks (canary, user-inference) separately")
+    _gradient_audit(cfg, out, 1000 if canaries is None else canaries, null, alpha, as_json)
+
+
+def _gradient_audit(cfg: Any, out: Path | None, m: int, null: str, alpha: float, as_json: bool) -> None:
+    """`fedsim audit --attack gradient`: the one-shot ε estimate, next to the ledger's ε."""
     from fedsim.runner.audit import run_audit
 
-    rep = run_audit(
-        cfg, out, 1000 if canaries is None else canaries, null_model=null, alpha=alpha, progress=not as_json
-    )
+    rep = run_audit(cfg, out, m, null_model=null, alpha=alpha, progress=not as_json)
     for w in rep["warnings"]:
         typer.echo(f"audit: warning: {w}", err=True)
     if as_json:

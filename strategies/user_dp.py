@@ -198,6 +198,12 @@ class UserLevelDPStrategy(Strategy):
     work can leave the silo, whatever happens to the round afterwards.
     """
 
+    #: where the first traceback of each kind of failing user code is written (the run folder's
+    #: failures.log; set by the runner). None: the terminal only.
+    failure_log: Any = None
+    #: the kinds of failure (a traceback's last line) already shown; rebound, never changed in place.
+    failures_shown: frozenset[str] = frozenset()
+
     def __init__(
         self,
         *,
@@ -242,11 +248,6 @@ class UserLevelDPStrategy(Strategy):
         self.stop = stop
         #: the round abandoned on a stop request, if any (None: the run ended normally).
         self.abandoned_round: int | None = None
-        #: where the first traceback of each kind of failing user code is written (the run
-        #: folder's failures.log; set by the runner). None: the terminal only.
-        self.failure_log: Any = None
-        #: the kinds of failure (a traceback's last line) already shown.
-        self.failures_shown: set[str] = set()
         #: seconds between two polls for replies: from ``pull_interval_min`` after a push or a reply,
         #: doubling up to ``pull_interval`` (a reply close behind another is collected within ms).
         self.pull_interval, self.pull_interval_min = 0.05, 0.001
@@ -451,7 +452,7 @@ class UserLevelDPStrategy(Strategy):
         if stats.traceback is not None:
             kind = stats.traceback.rstrip().splitlines()[-1] if stats.traceback.strip() else "error"
             if kind not in self.failures_shown:
-                self.failures_shown.add(kind)
+                self.failures_shown = self.failures_shown | {kind}
                 where = f" (also in {self.failure_log})" if self.failure_log is not None else ""
                 _LOG.warning(
                     "round %d: a user's local training raised in your code%s; first traceback of %r:\n%s",

@@ -322,19 +322,7 @@ def one_run_bound(
     Returns the largest bound over the candidate rules, each tested at (1 − confidence)/K.
     """
     s, inc = _check(scores, included)
-    if method not in METHODS:
-        raise FedsimError(f"one-run audit: method {method!r}; allowed are {', '.join(METHODS)}")
-    if sides not in ("one", "two"):
-        raise FedsimError(f"one-run audit: sides {sides!r}; allowed are 'one' and 'two'")
-    if selection not in ("all", "frontier"):
-        raise FedsimError(f"one-run audit: selection {selection!r}; allowed are 'all' and 'frontier'")
-    if selection == "frontier" and sides != "one":
-        raise FedsimError("one-run audit: selection 'frontier' is one-sided; use sides='one'")
-    if not 0.0 < confidence < 1.0:
-        raise FedsimError(f"one-run audit: confidence must lie strictly between 0 and 1 (e.g. 0.95), got {confidence}")
-    lo_delta = 0.0 if method == "snj" else np.nextafter(0.0, 1.0)
-    if not lo_delta <= delta < 1.0:
-        raise FedsimError(f"one-run audit: delta must lie in (0, 1) (the run's delta), got {delta}")
+    _check_rule_options(delta, confidence, method, sides, selection)
     m = int(s.size)
     a = 1.0 - float(confidence)
     # descending order; ties broken against the guess (a tied block is guessed all or none below)
@@ -394,6 +382,23 @@ def one_run_bound(
         sides=sides,
         selection=selection,
     )
+
+
+def _check_rule_options(delta: float, confidence: float, method: str, sides: str, selection: str) -> None:
+    """`one_run_bound`'s options, each refused in one line when out of range."""
+    if method not in METHODS:
+        raise FedsimError(f"one-run audit: method {method!r}; allowed are {', '.join(METHODS)}")
+    if sides not in ("one", "two"):
+        raise FedsimError(f"one-run audit: sides {sides!r}; allowed are 'one' and 'two'")
+    if selection not in ("all", "frontier"):
+        raise FedsimError(f"one-run audit: selection {selection!r}; allowed are 'all' and 'frontier'")
+    if selection == "frontier" and sides != "one":
+        raise FedsimError("one-run audit: selection 'frontier' is one-sided; use sides='one'")
+    if not 0.0 < confidence < 1.0:
+        raise FedsimError(f"one-run audit: confidence must lie strictly between 0 and 1 (e.g. 0.95), got {confidence}")
+    lo_delta = 0.0 if method == "snj" else np.nextafter(0.0, 1.0)
+    if not lo_delta <= delta < 1.0:
+        raise FedsimError(f"one-run audit: delta must lie in (0, 1) (the run's delta), got {delta}")
 
 
 def _precision(rule: tuple[int, int], cum_in: np.ndarray, cum_out_low: np.ndarray) -> float:
