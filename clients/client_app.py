@@ -148,8 +148,10 @@ def train(msg: Message, context: Context) -> Message:
         metrics["user_loss"] = [float(r.loss) for r in results]
         metrics["user_examples"] = [int(r.num_examples) for r in results]
     first_error = next((r.code_error for r in results if r.code_error is not None), None)
-    if first_error is not None:  # the server shows the traceback and stops if nobody could train
+    if first_error is not None and task.record_statistics:  # the server shows it, and stops if nobody trained
         extra_records[protocol.FAILURE] = ConfigRecord({"traceback": first_error[-protocol.TRACEBACK_CHARS :]})
+    elif first_error is not None:  # a silo that withholds its records' statistics keeps the text here
+        logging.getLogger("fedsim").warning("a user's local training raised in code:\n%s", first_error)
     content = RecordDict(
         {
             protocol.ARRAYS: ArrayRecord({protocol.UPDATE_SUM: Array(total.numpy()), **arrays}),

@@ -11,8 +11,8 @@ Train reply (node → server):
   ``arrays``  ArrayRecord  ``update_sum``: Σ clip(Δ_i, c) over those users, flat float32;
                            ``residual_sum``: server error feedback only, Σ(Δ_i − clip(Δ_i, c₁))
   ``client_state`` ArrayRecord  client error feedback only: the users' new ``e_<user>``
-  ``failure``  ConfigRecord only when a user's code raised: ``traceback``, the first one (its
-                           last `TRACEBACK_CHARS` characters)
+  ``failure``  ConfigRecord only when a user's code raised and ``Task.record_statistics``:
+                           ``traceback``, the first one (its last `TRACEBACK_CHARS` characters)
   ``metrics`` MetricRecord ``num_users``, ``user_ids``, ``num_clipped``, ``failed_users``,
                            ``nonfinite_users``, ``code_failed_users`` (failed users whose model,
                            loss or hook raised, not their data's reads); ``user_loss`` and ``user_examples`` only

@@ -466,7 +466,9 @@ class UserLevelDPStrategy(Strategy):
                         f.write(f"round {server_round}: {kind}\n{stats.traceback}\n")
         users = self.aggregator.accepted_users
         if users and stats.code_failed_users >= users:
-            last = (stats.traceback or "").rstrip().splitlines()[-1:] or ["(no traceback)"]
+            last = (stats.traceback or "").rstrip().splitlines()[-1:] or [
+                "no traceback was sent (silos that withhold their records' statistics log it on their own side)"
+            ]
             folder = self.failure_log.parent if self.failure_log is not None else "RUN_FOLDER"
             raise FedsimError(
                 f"round {server_round}: every sampled user's local training failed in your code ({users} of "

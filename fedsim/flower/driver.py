@@ -35,11 +35,8 @@ WITHHELD = frozenset(
 
 
 def refuse_unsafe(strategy: Any) -> None:
-    """Raise `FedsimError` (one line, why) for a strategy the wrapper cannot keep safe."""
-    from fedsim.flower.strategy import UserLevelDP
-
-    if isinstance(strategy, UserLevelDP):
-        raise FedsimError("the strategy is already wrapped in UserLevelDP; wrap the inner strategy once")
+    """Raise `FedsimError` (one line, why) for a strategy the wrapper cannot keep safe (the wrapper
+    itself refuses a strategy that is already wrapped)."""
     if not isinstance(strategy, Strategy):
         raise FedsimError(
             f"UserLevelDP wraps a Flower Message-API strategy (flwr.serverapp.strategy.Strategy); got "

@@ -197,6 +197,8 @@ class UserLevelDP(Strategy):
         key: int | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(strategy, UserLevelDP):
+            raise FedsimError("the strategy is already wrapped in UserLevelDP; wrap the inner strategy once")
         refuse_unsafe(strategy)
         if identity not in ("node", "census") or clipping not in ("server", "client"):
             raise FedsimError("identity must be 'node' or 'census'; clipping must be 'server' or 'client'")

@@ -14,6 +14,7 @@ the round's noise (`fedsim.strategies.user_dp`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +25,14 @@ _PROBED: set[tuple[int, str]] = set()
 
 
 def stateful_hook(
-    model: nn.Module, x0: torch.Tensor, data: Any, user: int, round_index: int, seed: int, spec: Any
+    train: Callable[..., tuple[torch.Tensor, float, int]],
+    model: nn.Module,
+    x0: torch.Tensor,
+    data: Any,
+    user: int,
+    round_index: int,
+    seed: int,
+    spec: Any,
 ) -> str | None:
     """None when ``spec.local_update`` gives ``user`` the same update twice in a row (or was
     probed already in this process, or the user's own training raises: that is met and reported
@@ -32,6 +40,8 @@ def stateful_hook(
 
     Parameters
     ----------
+    train : one user's local training, `fedsim.training.local.local_delta` (passed in: this module
+        and that one do not import each other).
     model : the worker's model.
     x0 : the broadcast parameters, flat.
     data : the worker's data.
@@ -40,8 +50,6 @@ def stateful_hook(
     seed : the run's seed.
     spec : the `LocalTraining` settings; ``spec.local_update`` names the hook.
     """
-    from fedsim.training.local import local_delta
-
     key = (id(model), str(spec.local_update))
     if spec.local_update is None or key in _PROBED:
         return None
@@ -51,7 +59,7 @@ def stateful_hook(
         for _ in range(2):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(0)  # the hook's own randomness (dropout) the same both times
-                deltas.append(local_delta(model, x0, data, user, round_index, seed, spec)[0].detach().cpu())
+                deltas.append(train(model, x0, data, user, round_index, seed, spec)[0].detach().cpu())
     except Exception:
         return None
     first, second = deltas

@@ -36,6 +36,7 @@ from fedsim.models.softmax_head import fused_loss
 from fedsim.parameters import load_flat_ as load_flat_  # used here; re-exported for callers
 from fedsim.privacy.clipping import clip_rows, clip_vector, is_finite_norm
 from fedsim.seeding import make_generator
+from fedsim.training.hook_probe import stateful_hook
 from fedsim.training.isolation import fresh_copy, reset_for_user
 from fedsim.training.step_graphs import graphs_for, sgd_step
 
@@ -422,9 +423,7 @@ def _refused_hook(
     between calls (`fedsim.training.hook_probe`); None otherwise (no hook, or an honest one)."""
     if spec.local_update is None or not users:
         return None
-    from fedsim.training.hook_probe import stateful_hook
-
-    reason = stateful_hook(model, x0, data, users[0], round_index, seed, spec)
+    reason = stateful_hook(local_delta, model, x0, data, users[0], round_index, seed, spec)
     if reason is None:
         return None
     return [UserResult(u, math.nan, 0, 0.0, False, failed=True, code_error=reason) for u in users]

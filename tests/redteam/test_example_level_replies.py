@@ -40,7 +40,7 @@ BASE = [
 
 #: what a silo's reply may carry without trusting the server: the update, the ids it was sent,
 #: and counts that are functions of the DP-SGD output (clipped, non-finite) or of a failure
-ALLOWED_METRICS = {"num_users", "user_ids", "num_clipped", "failed_users", "nonfinite_users"}
+ALLOWED_METRICS = {"num_users", "user_ids", "num_clipped", "failed_users", "nonfinite_users", "code_failed_users"}
 
 
 def _wiretap():
