@@ -142,6 +142,7 @@ def test_nothing_evaluated_is_said(capsys, tmp_path, how):
     assert "majority class 0.00%" not in out  # the empty baseline is no longer printed
 
 
+@pytest.mark.slow  # three commands with a table, 25 s; make test-slow
 def test_a_config_s_relative_data_root_is_taken_from_the_config_s_folder(capsys, tmp_path, monkeypatch):
     """The own-data how-to's TOML, run from another folder: `root = "mine.parquet"` is the file
     beside the config (as `plugins` are), and a missing one is named with that rule."""

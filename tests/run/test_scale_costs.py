@@ -20,6 +20,7 @@ from .test_run_integrity import N
 SMALL = [*INTEGRITY_SMALL, "rounds=4", "checkpoint.every=1"]
 
 
+@pytest.mark.slow  # 20-40 s of runs with resumes; make test-slow
 def test_the_population_is_hashed_once_per_run_not_per_checkpoint(tmp_path, monkeypatch):
     calls = []
     real = callbacks.population_sha256
@@ -37,6 +38,7 @@ def test_the_population_is_hashed_once_per_run_not_per_checkpoint(tmp_path, monk
     assert calls == [N, N, N]  # the resume check, then once for the resumed run
 
 
+@pytest.mark.slow  # 20-40 s of runs with resumes; make test-slow
 def test_a_rounds_seconds_include_its_checkpoint(tmp_path, monkeypatch):
     real = callbacks.save_checkpoint
     pause = 0.3
