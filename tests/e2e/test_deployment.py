@@ -53,6 +53,7 @@ def federation(tmp_path):
         fed.close()
 
 
+@pytest.mark.slow  # over 30 s in the default suite (CI time); make test-slow runs it
 def test_tls_authenticated_federation_runs_fedsim_and_refuses_strangers(federation):
     fed = federation
     env, tmp = fed.env, fed.tmp

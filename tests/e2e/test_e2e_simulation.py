@@ -139,6 +139,7 @@ def test_hostile_clients_are_dropped_or_reclipped(tmp_path):
     assert torch.isfinite(x).all()
 
 
+@pytest.mark.slow  # over 30 s in the default suite (CI time); make test-slow runs it
 def test_slow_client_past_the_round_timeout_is_counted_missing(tmp_path):
     """One worker answers round 2 fifty seconds late (timeout 40 s, twenty times a quiet machine's
     round, so a loaded machine's healthy worker still makes it): that round completes

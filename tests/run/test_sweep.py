@@ -167,6 +167,7 @@ def _summaries(out: Path) -> dict[str, float]:
     return {p.parent.name: p.stat().st_mtime for p in (out / "trials").glob("*/summary.json")}
 
 
+@pytest.mark.slow  # over 30 s in the default suite (CI time); make test-slow runs it
 @pytest.mark.e2e
 def test_sweep_kill_and_resume_finishes_only_the_missing_trials(tmp_path):
     spec, out = _spec(tmp_path), tmp_path / "sweep"
