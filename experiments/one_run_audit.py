@@ -51,6 +51,23 @@ ARMS = {
     "blt": ["privacy.mechanism='blt'", *EPOCHS],
     "banded": ["privacy.mechanism='banded'", *EPOCHS],
 }
+#: The large-m Gaussian arm (`gaussian-full`): a generated population of 30 users and a logistic
+#: regression with d = (features + 1)·10 parameters, every user in every round (Poisson q = 1: the
+#: cohort size is set to the population the coins give), so each canary's view of the releases is
+#: exactly the Gaussian mechanism with μ = √T/z the ledger accounts.
+FULL_BASE = [
+    "data.name='synthetic'",
+    "data.num_clients=30",
+    "data.num_classes=10",
+    "model.name='logreg'",
+    "eval.every=0",
+    "sim.engine='inprocess'",
+    "sim.num_workers=1",
+    "privacy.delta=1e-5",
+    "privacy.delta_reason='the one-run audit table keeps delta = 1e-5 at every m so that bounds compare across m'",
+    "privacy.mechanism='gaussian'",
+    "sampling.scheme='poisson'",
+]
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
 #: Text canaries (`--text`): trained long enough for a non-private model to memorise a secret seen
 #: 16 times; Poisson sampling, K̄ = 20, server momentum 0.9 with lr 1.0, 3 local epochs, δ = 1e-5.
@@ -75,6 +92,14 @@ TEXT = {
 }
 
 
+#: MF text arms: fixed epochs with groups of about 20 users (as the Poisson arms' K̄ = 20), each
+#: user at most ⌈100/b⌉ times.
+TEXT_EPOCHS = {
+    "shakespeare": ["sampling.scheme='epochs'", "sampling.min_sep=15", "sampling.max_participations=7"],
+    "so_fixture": ["sampling.scheme='epochs'", "sampling.min_sep=12", "sampling.max_participations=9"],
+}
+
+
 def _env() -> None:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -84,17 +109,49 @@ def _env() -> None:
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="ray-"))
 
 
-def arm(mechanism: str, eps: float, m: int, work: Path) -> dict[str, Any]:
-    """One audited run; the report's bounds flattened to one row per (adversary, method)."""
+def full_config(eps: float, m: int, seed: int, features: int, rounds: int) -> Any:
+    """The `gaussian-full` arm's config: FULL_BASE with `features` inputs, `rounds` rounds and the
+    cohort size equal to the population (30 real users and the canaries the audit's coins include)."""
+    from fedsim.config import load_config
+    from fedsim.runner.audit import inclusion_bits
+    from fedsim.seeding import derive_seed
+
+    over = [*FULL_BASE, f"data.num_features={features}", f"rounds={rounds}", f"seed={seed}"]
+    over.append(f"privacy.target_epsilon={eps}")
+    cfg = load_config(None, over)
+    population = 30 + int(inclusion_bits(derive_seed(cfg.seed, "audit"), m).sum())
+    return load_config(None, [*over, f"sampling.cohort_size={population}"])
+
+
+def arm(
+    mechanism: str,
+    eps: float,
+    m: int,
+    work: Path,
+    seed: int = 0,
+    features: int = 4999,
+    rounds: int = 10,
+    directions: str = "random",
+) -> dict[str, Any]:
+    """One audited run; the report's bounds flattened to one row per (adversary, method).
+    `features` and `rounds` size the `gaussian-full` arm only; `directions` is the canaries'
+    ("random" or "orthogonal", fedsim.runner.audit.OneRunCanaries)."""
     from fedsim.config import load_config
     from fedsim.runner.audit import run_one_run_audit
 
-    cfg = load_config(None, BASE + ARMS[mechanism] + [f"privacy.target_epsilon={eps}"])
+    if mechanism == "gaussian-full":
+        cfg = full_config(eps, m, seed, features, rounds)
+    else:
+        cfg = load_config(None, BASE + ARMS[mechanism] + [f"privacy.target_epsilon={eps}", f"seed={seed}"])
     t0 = time.perf_counter()
-    rep = run_one_run_audit(cfg, work / f"{mechanism}-{eps:g}", m, progress=False)
+    rep = run_one_run_audit(cfg, work / f"{mechanism}-{eps:g}-{m}-{seed}", m, progress=False, directions=directions)
     wall = time.perf_counter() - t0
     return {
         "mechanism": mechanism,
+        "seed": seed,
+        "directions": directions,
+        "dimension": rep["dimension"],
+        "rounds": rep["rounds"],
         "target_epsilon": eps,
         "ledger_epsilon": rep["ledger_epsilon"],
         "delta": rep["delta"],
@@ -110,7 +167,9 @@ def arm(mechanism: str, eps: float, m: int, work: Path) -> dict[str, Any]:
     }
 
 
-def text_arm(dataset: str, mechanism: str, eps: float | None, out: Path, so_root: str | None) -> dict[str, Any]:
+def text_arm(
+    dataset: str, mechanism: str, eps: float | None, out: Path, so_root: str | None, seed: int = 0
+) -> dict[str, Any]:
     """One text-canary one-run audit (fedsim.runner.text_audit.run_text_one_run_audit); `eps`
     None with mechanism 'none'. The Stack Overflow fixture needs `so_root` (made by `fedsim data
     synth stackoverflow --users 250 --per-user 40 --vocab 150 --out DIR`)."""
@@ -118,7 +177,9 @@ def text_arm(dataset: str, mechanism: str, eps: float | None, out: Path, so_root
     from fedsim.runner.text_audit import run_text_one_run_audit
 
     path, extra, m, size, length = TEXT[dataset]
-    over = [*TEXT_COMMON, *extra, f"privacy.mechanism='{mechanism}'"]
+    over = [*TEXT_COMMON, *extra, f"privacy.mechanism='{mechanism}'", f"seed={seed}"]
+    if mechanism in ("blt", "banded"):  # MF noise needs bounded participation: K̄ ≈ 20 as in the Poisson arms
+        over = [o for o in over if not o.startswith("sampling.")] + TEXT_EPOCHS[dataset]
     if eps is not None:
         over.append(f"privacy.target_epsilon={eps}")
     if dataset == "so_fixture":
@@ -128,6 +189,7 @@ def text_arm(dataset: str, mechanism: str, eps: float | None, out: Path, so_root
     return {
         "dataset": dataset,
         "mechanism": mechanism,
+        "seed": seed,
         "ledger_epsilon": rep["ledger_epsilon"],
         "num_canaries": m,
         "num_included": rep["num_included"],
@@ -159,46 +221,99 @@ def timing(work: Path, m: int) -> dict[str, float]:
     return {"plain_s": plain, "audit_s": audited, "ratio": audited / plain}
 
 
-def idealised(eps: float, delta: float, m: int, trials: int = 20) -> tuple[float, float]:
-    """Mean (snj, fdp) bound of one-run audits of the exact Gaussian mechanism that is (ε, δ)-DP
-    (scores `μ·S_i + N(0, 1)`, no training; seeded): what the best attack on a run whose privacy
-    curve is exactly the ledger's can certify with m canaries."""
+def ceiling(
+    eps: float, delta: float, m: int, trials: int = 20, sides: str = "one", methods: tuple[str, ...] = ("snj", "fdp")
+) -> dict[str, tuple[float, float]]:
+    """The ceiling of a one-run audit at ledger ε: mean and standard deviation, over `trials`
+    seeded draws, of `one_run_bound` (95 %, the audit's guessing rules, `sides`) on the scores
+    `s_i = μ·S_i + N(0, 1)` with `S_i ~ Bernoulli(1/2)` and `μ = gdp_mu(ε, δ)`. That is the
+    Gaussian mechanism whose (ε, δ) is exactly the ledger's, observed without training or other
+    users and scored by its likelihood ratio (`μ·s_i − μ²/2`, monotone in `s_i`, the most
+    powerful score). Returns {method: (mean, sd)} for each of `methods`."""
     import numpy as np
 
     from fedsim.attacks.one_run import gdp_mu, one_run_bound
 
     rng = np.random.default_rng(0)
     mu = gdp_mu(eps, delta)
-    out = {"snj": 0.0, "fdp": 0.0}
+    got: dict[str, list[float]] = {k: [] for k in methods}
     for _ in range(trials):
         inc = rng.random(m) < 0.5
         s = mu * inc + rng.normal(size=m)
-        for k in out:
-            out[k] += one_run_bound(s, inc, delta, method=k).epsilon / trials
-    return out["snj"], out["fdp"]
+        for k in got:
+            got[k].append(one_run_bound(s, inc, delta, method=k, sides=sides).epsilon)
+    return {k: (float(np.mean(v)), float(np.std(v))) for k, v in got.items()}
+
+
+def ceiling_table(ms: list[int], epsilons: list[float], delta: float = 1e-5) -> tuple[str, list[dict[str, Any]]]:
+    """Markdown table (and rows) of `ceiling` for each m and ε: snj and fdp one-sided, fdp
+    two-sided, and the perfect-separation cap for m; 20 draws (10 at m ≥ 10⁶)."""
+    from fedsim.attacks.one_run import perfect_separation_bound
+
+    lines = [
+        "| m | ledger ε | ½ε | ceiling snj | ceiling fdp | ceiling fdp, two-sided | perfect separation snj / fdp |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = []
+    for m in ms:
+        cap = {k: perfect_separation_bound(m, delta, method=k) for k in ("snj", "fdp")}
+        trials = 10 if m >= 10**6 else 20
+        for eps in epsilons:
+            one, two = ceiling(eps, delta, m, trials), ceiling(eps, delta, m, trials, sides="two", methods=("fdp",))
+            rows.append({"m": m, "epsilon": eps, "trials": trials, "one": one, "two_fdp": two["fdp"], "cap": cap})
+            cells = [f"{one['snj'][0]:.2f} ± {one['snj'][1]:.2f}", f"{one['fdp'][0]:.2f} ± {one['fdp'][1]:.2f}"]
+            cells.append(f"{two['fdp'][0]:.2f} ± {two['fdp'][1]:.2f}")
+            lines.append(
+                f"| {m:,} | {eps:g} | {eps / 2:g} | {' | '.join(cells)} | {cap['snj']:.2f} / {cap['fdp']:.2f} |"
+            )
+            print(lines[-1], flush=True)
+    return "\n".join(lines), rows
+
+
+def _stat(values: list[float]) -> str:
+    """`mean` for one value, `mean ± sd (min–max)` for several."""
+    import numpy as np
+
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{np.mean(values):.2f} ± {np.std(values):.2f} ({min(values):.2f}–{max(values):.2f})"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """The goals table (markdown): ε_LB per adversary and method, ½ε, the ceiling for m, and the
-    idealised audit of the exact Gaussian mechanism with the ledger's (ε, δ)."""
-    lines = [
-        "| noise | ledger ε | ½ε | ceiling snj / fdp | exact Gaussian, ideal attack snj / fdp "
-        "| final model snj / fdp | every model snj / fdp | every model, raw snj / fdp |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    """The goals table (markdown), one line per (arm, m, ε) with its seeds pooled: ε_LB per
+    adversary and method (mean ± sd (min–max) over seeds), ½ε, the ceiling at that m (`ceiling`)
+    and whether the every-model fdp bound reaches ½ε (in the mean, and in how many seeds)."""
+    groups: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
     for r in rows:
-        b = r["bounds"]
+        key = (
+            r["mechanism"] + ("" if r.get("directions", "random") == "random" else ", orthogonal"),
+            r["num_canaries"],
+        )
+        groups.setdefault((*key, r["target_epsilon"]), []).append(r)
+    lines = [
+        "| noise | m | seeds | ledger ε | ½ε | ceiling snj / fdp | final model snj | final model fdp "
+        "| every model snj | every model fdp | every model, raw snj / fdp | ½ε reached (every model fdp) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (mech, m, _), rs in groups.items():
+        led = rs[0]["ledger_epsilon"]
+        ideal = ceiling(led, rs[0]["delta"], m, 10 if m >= 10**6 else 20)
 
-        def pair(adv: str, b: dict[str, Any] = b) -> str:
-            if f"{adv}/snj" not in b:
+        def col(key: str, rs: list[dict[str, Any]] = rs) -> str:
+            if key not in rs[0]["bounds"]:
                 return "—"
-            return f"{b[adv + '/snj']['epsilon']:.2f} / {b[adv + '/fdp']['epsilon']:.2f}"
+            return _stat([r["bounds"][key]["epsilon"] for r in rs])
 
-        led = r["ledger_epsilon"]
-        ideal = idealised(led, r["delta"], r["num_canaries"])
+        raw = "—"
+        if "every-model-raw/snj" in rs[0]["bounds"]:
+            raw = f"{col('every-model-raw/snj')} / {col('every-model-raw/fdp')}"
+        fdp = [r["bounds"]["every-model/fdp"]["epsilon"] for r in rs]
+        hits = sum(e >= led / 2 for e in fdp)
+        reached = f"{'yes' if sum(fdp) / len(fdp) >= led / 2 else 'no'} ({hits} of {len(rs)})"
         lines.append(
-            f"| {r['mechanism']} | {led:.2f} | {led / 2:.2f} | {r['ceiling']['snj']:.2f} / {r['ceiling']['fdp']:.2f} "
-            f"| {ideal[0]:.2f} / {ideal[1]:.2f} | {pair('final-model')} | {pair('every-model')} | {pair('every-model-raw')} |"
+            f"| {mech} | {m:,} | {len(rs)} | {led:.2f} | {led / 2:.2f} | {ideal['snj'][0]:.2f} / {ideal['fdp'][0]:.2f} "
+            f"| {col('final-model/snj')} | {col('final-model/fdp')} | {col('every-model/snj')} "
+            f"| {col('every-model/fdp')} | {raw} | {reached} |"
         )
     return "\n".join(lines)
 
@@ -206,34 +321,68 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", type=Path, default=None, help="write the rows here (and the table next to it as .md)")
+    p.add_argument("--append", action="store_true", help="add to the rows already in --json instead of replacing them")
     p.add_argument("--canaries", type=int, default=1000, help="m, canaries with a coin (default 1000)")
-    p.add_argument("--mechanisms", default=",".join(ARMS), help="comma-separated arms (default all)")
+    p.add_argument(
+        "--mechanisms", default="gaussian,identity,blt,banded", help="comma-separated arms (also gaussian-full)"
+    )
     p.add_argument("--epsilons", default=",".join(f"{e:g}" for e in EPSILONS), help="target ε values")
+    p.add_argument("--seeds", default="0", help="comma-separated run seeds (coins, directions, noise); default 0")
+    p.add_argument("--features", type=int, default=4999, help="gaussian-full: inputs (d = 10·(features + 1))")
+    p.add_argument("--rounds", type=int, default=10, help="gaussian-full: rounds (default 10)")
+    p.add_argument("--directions", default="random", help="canary directions: random (default) or orthogonal")
     p.add_argument("--no-timing", action="store_true", help="skip the plain-vs-audit timing pair")
     p.add_argument("--timing-only", action="store_true", help="only the plain-vs-audit timing pair")
+    p.add_argument(
+        "--ceiling",
+        default=None,
+        metavar="M,M,...",
+        help="instead: the ceiling table (ideal attack on the exact Gaussian mechanism) for these m",
+    )
     p.add_argument(
         "--text",
         nargs=3,
         metavar=("DATASET", "MECHANISM", "EPS"),
-        help="instead: one text-canary arm, e.g. shakespeare none inf or so_fixture gaussian 8",
+        help="instead: one text-canary arm, e.g. shakespeare none inf or so_fixture blt 8",
     )
     p.add_argument("--so-root", default="/tmp/so-fixture", help="the generated Stack Overflow fixture (--text)")
     args = p.parse_args()
     _env()
+    epsilons = [float(e) for e in args.epsilons.split(",")]
+    if args.ceiling is not None:
+        md, crow = ceiling_table([int(m) for m in args.ceiling.split(",")], epsilons)
+        print(md)
+        if args.json is not None:
+            args.json.write_text(json.dumps({"ceiling": crow}, indent=1), encoding="utf-8")
+            args.json.with_suffix(".md").write_text(md + "\n", encoding="utf-8")
+        return
     if args.text is not None:
         ds, mech, eps = args.text
-        with tempfile.TemporaryDirectory(prefix="one-run-text-") as tmp:
-            row = text_arm(ds, mech, None if eps == "inf" else float(eps), Path(tmp) / "audit", args.so_root)
-        print(json.dumps(row))
+        rows_t = []
+        for seed in (int(x) for x in args.seeds.split(",")):
+            with tempfile.TemporaryDirectory(prefix="one-run-text-") as tmp:
+                e = None if eps == "inf" else float(eps)
+                rows_t.append(text_arm(ds, mech, e, Path(tmp) / "audit", args.so_root, seed))
+            print(json.dumps(rows_t[-1]), flush=True)
+        if args.json is not None:
+            old = json.loads(args.json.read_text()) if args.append and args.json.exists() else []
+            args.json.write_text(json.dumps(old + rows_t, indent=1), encoding="utf-8")
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="one-run-audit-") as tmp:
         work = Path(tmp)
         for mech in [] if args.timing_only else args.mechanisms.split(","):
-            for eps in (float(e) for e in args.epsilons.split(",")):
-                rows.append(arm(mech, eps, args.canaries, work))
-                print(json.dumps(rows[-1]), flush=True)
+            for eps in epsilons:
+                for seed in (int(x) for x in args.seeds.split(",")):
+                    rows.append(arm(mech, eps, args.canaries, work, seed, args.features, args.rounds, args.directions))
+                    print(json.dumps(rows[-1]), flush=True)
         cost = None if args.no_timing else timing(work, args.canaries)
+    old_rows, old_cost = [], None
+    if args.append and args.json is not None and args.json.exists():
+        old = json.loads(args.json.read_text())
+        old_rows, old_cost = old["rows"], old.get("timing")
+    rows = old_rows + rows
+    cost = cost or old_cost
     md = table(rows)
     print(md)
     if cost is not None:

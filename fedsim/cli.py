@@ -746,21 +746,38 @@ def audit(
     ] = None,
     canaries: Annotated[
         int | None,
-        typer.Option("--canaries", help="M, the canary users added to the population (gradient: 1000; canary: 12)."),
+        typer.Option(
+            "--canaries",
+            help="M, the canary users added to the population (gradient and one-run: 1000; canary: 12; one-run with "
+            "--canary-kind text: 200).",
+        ),
     ] = None,
     repetitions: Annotated[
-        str, typer.Option(help="canary: repetition levels r, comma-separated (copies of each secret).")
-    ] = "1,4,16",
+        str | None,
+        typer.Option(
+            help="canary: repetition levels r, comma-separated (copies of each secret; default 1,4,16). "
+            "one-run with --canary-kind text: one level (default 16)."
+        ),
+    ] = None,
     secret_length: Annotated[int, typer.Option(help="canary: characters or words per secret.")] = 8,
     canary_size: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="canary: canary-user data sizes, comma-separated: donor text each canary keeps (characters, "
             "or sentences) besides its secrets; 'all' keeps all of it. The canaries cycle through "
-            "repetitions × sizes."
+            "repetitions × sizes (default all). one-run with --canary-kind text: one size (default 100)."
         ),
-    ] = "all",
+    ] = None,
     references: Annotated[int, typer.Option(help="canary: random reference secrets per canary.")] = 10_000,
+    canary_kind: Annotated[
+        str,
+        typer.Option(
+            "--canary-kind",
+            help="one-run: gradient (default: full-clip-norm updates in random directions; final-model and "
+            "every-model bounds) or text (secret-sharer canary users on a next-character or next-word task, "
+            "scored by how much training lowered the secret's log-perplexity; final-model bounds).",
+        ),
+    ] = "gradient",
     held_out: Annotated[int, typer.Option(help="user-inference: held-out users (and as many held-in targets).")] = 40,
     alpha: Annotated[float, typer.Option("--alpha", help="The bootstrap interval has confidence 1 − alpha.")] = 0.05,
     null: Annotated[
@@ -792,10 +809,14 @@ def audit(
     attacks = _attacks(attack)
     cfg = load_config(config, set_ or [])
     if "one-run" in attacks:
-        _one_run_audit(cfg, out, attacks, canaries, alpha, as_json)
+        text = _one_run_text_options(canary_kind, repetitions, canary_size, secret_length)
+        _one_run_audit(cfg, out, attacks, canaries, alpha, as_json, text)
         return
+    if canary_kind != "gradient":
+        raise FedsimError("--canary-kind applies to --attack one-run; the canary attack always inserts text canaries")
     if "gradient" not in attacks:
-        opts = _text_audit_options(attacks, canaries, repetitions, secret_length, canary_size, references, held_out)
+        reps, sizes = repetitions or "1,4,16", canary_size or "all"
+        opts = _text_audit_options(attacks, canaries, reps, secret_length, sizes, references, held_out)
         _text_audit(cfg, out, opts, as_json)
         return
     if len(attacks) > 1:
@@ -831,24 +852,64 @@ def _gradient_audit(cfg: Any, out: Path | None, m: int, null: str, alpha: float,
     )
 
 
+def _one_run_text_options(
+    kind: str, repetitions: str | None, size: str | None, secret_length: int
+) -> dict[str, Any] | None:
+    """`--canary-kind` of the one-run audit: None for gradient canaries, else the text canaries'
+    options (one repetition level, default 16; one size, default 100; 'all' keeps all)."""
+    if kind not in ("gradient", "text"):
+        raise FedsimError(f"--canary-kind {kind!r}: allowed are gradient and text (default gradient)")
+    if kind == "gradient":
+        if repetitions is not None or size is not None:
+            raise FedsimError("--repetitions and --canary-size need --canary-kind text with --attack one-run")
+        return None
+    try:
+        reps = 16 if repetitions is None else int(repetitions)
+        keep = 100 if size is None else None if size.strip() == "all" else int(size)
+    except ValueError:
+        raise FedsimError(
+            "--canary-kind text takes one --repetitions level and one --canary-size (an integer or all), "
+            "e.g. --repetitions 16 --canary-size 100"
+        ) from None
+    return {"repetitions": reps, "size": keep, "secret_length": secret_length}
+
+
 def _one_run_audit(
-    cfg: Any, out: Path | None, attacks: tuple[str, ...], m: int | None, alpha: float, as_json: bool
+    cfg: Any,
+    out: Path | None,
+    attacks: tuple[str, ...],
+    m: int | None,
+    alpha: float,
+    as_json: bool,
+    text: dict[str, Any] | None = None,
 ) -> None:
-    """`fedsim audit --attack one-run`: one line per adversary and bound, next to the ledger's ε."""
+    """`fedsim audit --attack one-run`: one line per adversary and bound, next to the ledger's ε
+    (text canaries when `text` holds their options, gradient canaries otherwise)."""
     if len(attacks) > 1:
         raise FedsimError("--attack one-run runs alone; run the other attacks separately")
     if not 0.0 < alpha < 1.0:
         raise FedsimError(f"--alpha must be in (0, 1) (got {alpha})")
     from fedsim.privacy.display import format_delta, format_epsilon
-    from fedsim.runner.audit import run_one_run_audit
 
-    rep = run_one_run_audit(cfg, out, 1000 if m is None else m, confidence=1.0 - alpha, progress=not as_json)
+    if text is None:
+        from fedsim.runner.audit import run_one_run_audit
+
+        rep = run_one_run_audit(cfg, out, 1000 if m is None else m, confidence=1.0 - alpha, progress=not as_json)
+        where = Path(rep["run_dir"]) / "one_run_audit.json"
+    else:
+        from fedsim.runner.text_audit import run_text_one_run_audit
+
+        rep = run_text_one_run_audit(
+            cfg, out, 200 if m is None else m, confidence=1.0 - alpha, progress=not as_json, **text
+        )
+        where = Path(rep["run_dir"]).parent / "one_run_audit.json"
     if as_json:
         typer.echo(json.dumps(rep))
         return
     led = rep["ledger_epsilon"]
     typer.echo(
-        f"one-run audit: {rep['num_canaries']} canaries ({rep['num_included']} included), ledger ε = "
+        f"one-run audit: {rep['num_canaries']} {'text' if text else 'gradient'} canaries "
+        f"({rep['num_included']} included), ledger ε = "
         f"{format_epsilon(led)} at δ = {format_delta(rep['delta'])} ({_relation(rep.get('neighboring_relation'))}); "
         f"ceiling for m: snj {rep['ceiling']['snj']:.3f}, fdp {rep['ceiling']['fdp']:.3f}"
     )
@@ -857,7 +918,7 @@ def _one_run_audit(
             f"  {b['adversary']:<16} {b['method']:<3}  ε ≥ {b['epsilon']:.3f} with {100 * b['confidence']:.0f}% "
             f"confidence ({b['correct']} of {b['guesses']} guesses correct, {b['candidates']} rules paid for)"
         )
-    typer.echo(f"A lower bound for each adversary: see {Path(rep['run_dir']) / 'one_run_audit.json'}")
+    typer.echo(f"A lower bound for each adversary: see {where}")
 
 
 def _attacks(attack: list[str] | None) -> tuple[str, ...]:

@@ -653,8 +653,13 @@ def inclusion_bits(seed: int, m: int) -> np.ndarray:
     return (uniforms(key, int(m)) < 0.5).numpy()
 
 
+#: Stream of the orthogonal canaries' coordinates and signs (auditor's randomness, not privacy noise).
+ORTHOGONAL_STREAM = "audit-one-run-orthogonal"
+DIRECTIONS = ("random", "orthogonal")
+
+
 class OneRunCanaries:
-    """`m` gradient canaries (directions as in `Canaries`), each included with probability 1/2.
+    """`m` gradient canaries, each included with probability 1/2.
 
     Only the included ones join the population: `count` (the users the run samples and
     accounts) is the number of included canaries, and the `j`-th synthetic user is canary
@@ -664,11 +669,22 @@ class OneRunCanaries:
     ----------
     num_canaries : m ≥ 2.
     seed : the audit seed (directions and inclusion coins).
+    directions : "random" (default: directions as in `Canaries`, uniform on the sphere; the
+        every-model adversary keeps them as an m × d matrix) or "orthogonal" (canary `k` is
+        `±e_j` for its own coordinate `j`: a keyed permutation of the coordinates and keyed signs;
+        needs m ≤ d). Orthogonal canaries do not interfere with each other and need no matrix
+        (a projection is a gather), so m can grow to d; the noise is isotropic, so the mechanism
+        treats every direction alike.
     """
 
-    def __init__(self, num_canaries: int, seed: int) -> None:
+    def __init__(self, num_canaries: int, seed: int, directions: str = "random") -> None:
         if int(num_canaries) < 2:
             raise FedsimError(f"the one-run audit needs at least 2 canaries (got {num_canaries})")
+        if directions not in DIRECTIONS:
+            raise FedsimError(f"canary directions {directions!r}: allowed are {', '.join(DIRECTIONS)}")
+        self.directions = directions
+        self._coord: torch.Tensor | None = None
+        self._sign: torch.Tensor | None = None
         self.num_canaries = int(num_canaries)
         self.seed = int(seed)
         self.included = inclusion_bits(self.seed, self.num_canaries)
@@ -683,11 +699,34 @@ class OneRunCanaries:
         """Called by run_experiment: synthetic user `first_id + j` is canary `index[j]`."""
         self.first_id, self.dim = int(first_id), int(dim)
         self.participations = np.zeros(self.num_canaries, dtype=np.int64)
+        if self.directions == "orthogonal":
+            if self.num_canaries > self.dim:
+                raise FedsimError(
+                    f"{self.num_canaries} orthogonal canaries need a model with at least as many parameters "
+                    f"(d = {self.dim:,}); use fewer canaries or random directions"
+                )
+            g = make_generator(self.seed, ORTHOGONAL_STREAM)
+            self._coord = torch.randperm(self.dim, generator=g)[: self.num_canaries]
+            self._sign = torch.randint(0, 2, (self.num_canaries,), generator=g).to(torch.float64).mul_(2.0).sub_(1.0)
 
     def direction(self, k: int) -> torch.Tensor:
         """`u_k` (float64, unit norm), for every canary `0 ≤ k < m`."""
         assert self.dim is not None, "bind() first"
+        if self._coord is not None and self._sign is not None:
+            u = torch.zeros(self.dim, dtype=torch.float64)
+            u[int(self._coord[k])] = self._sign[k]
+            return u
         return unit_direction(self.seed, CANARY_STREAM, int(k), self.dim)
+
+    def project(self, v: torch.Tensor) -> np.ndarray:
+        """`⟨u_k, v⟩` for every canary (float64, length m) of a flat vector `v` (length d), computed
+        in `v`'s precision (random directions: the float32 matrix, in blocks of rows for float64)."""
+        if self._coord is not None and self._sign is not None:
+            return (v[self._coord].double() * self._sign).numpy()
+        u = self.matrix()
+        if v.dtype == torch.float32:
+            return (u @ v).double().numpy()
+        return np.concatenate([(blk.to(v.dtype) @ v).double().numpy() for blk in u.split(1024)])
 
     def matrix(self) -> torch.Tensor:
         """All `m` directions as an `m × d` float32 matrix (built once)."""
@@ -698,7 +737,10 @@ class OneRunCanaries:
                     f"the one-run audit keeps {self.num_canaries} × {self.dim:,} canary directions "
                     f"({self.num_canaries * self.dim * 4 / 2**30:.1f} GiB); use fewer canaries or a smaller model"
                 )
-            self._matrix = torch.stack([self.direction(k).to(torch.float32) for k in range(self.num_canaries)])
+            mat = torch.empty(self.num_canaries, self.dim, dtype=torch.float32)  # filled in place: no second copy
+            for k in range(self.num_canaries):
+                mat[k] = self.direction(k)
+            self._matrix = mat
         return self._matrix
 
     def update_sum(self, user_ids: Sequence[int], t: int, clip_norm: float, dim: int) -> torch.Tensor:
@@ -706,10 +748,18 @@ class OneRunCanaries:
         if self.first_id is None:
             raise RuntimeError("OneRunCanaries.update_sum before bind()")
         total = torch.zeros(int(dim), dtype=torch.float64)
-        for uid in user_ids:
-            k = int(self.index[int(uid) - self.first_id])
-            total.add_(self.direction(k))
+        ks = [int(self.index[int(uid) - self.first_id]) for uid in user_ids]
+        for k in ks:
             self.participations[k] += 1
+        if self._coord is not None and self._sign is not None:
+            idx = torch.as_tensor(ks, dtype=torch.int64)
+            total.index_add_(0, self._coord[idx], self._sign[idx])
+        elif self._matrix is None:
+            for k in ks:
+                total.add_(self.direction(k))
+        else:  # the rows already built (the every-model recorder's matrix): no direction regenerated
+            for i in range(0, len(ks), 1024):
+                total.add_(self._matrix[ks[i : i + 1024]].double().sum(dim=0))
         return total.mul_(float(clip_norm)).to(torch.float32)
 
 
@@ -733,14 +783,15 @@ def _release_recorder(canaries: OneRunCanaries) -> Any:
             self.run = run
             server = run.server
             inner = server.noisy_mean
-            u = canaries.matrix()
+            if canaries.directions == "random":
+                canaries.matrix()  # built (and its size checked) before the first round
 
             def recorded(total: torch.Tensor, t: int) -> torch.Tensor:
                 g = inner(total, t)
                 if int(t) != len(self.rows):  # one release per round, in order
                     raise RuntimeError(f"one-run audit: round {t} released out of order (expected {len(self.rows)})")
                 released = g.detach().to("cpu", torch.float32) * server.expected_cohort
-                self.rows.append((u @ released).double().numpy())
+                self.rows.append(canaries.project(released))
                 self.clip.append(float(server.clip_norm))
                 # the accounted std c·z·sens (what the ledger assumes, not what was added)
                 self.noise_std.append(float(server.clip_norm * server.noise_multiplier * server.noise.sensitivity))
@@ -784,6 +835,7 @@ def run_one_run_audit(
     confidence: float = 0.95,
     seed: int | None = None,
     progress: bool = True,
+    directions: str = "random",
 ) -> dict[str, Any]:
     """Train `cfg` once with `num_canaries` gradient canaries, each included with probability
     1/2, and report one-run ε lower bounds (fedsim.attacks.one_run) for each adversary.
@@ -797,6 +849,8 @@ def run_one_run_audit(
     confidence : each bound holds with this probability (default 0.95).
     seed : audit seed (default derive_seed(cfg.seed, "audit")).
     progress : print the run's header and progress line.
+    directions : the canaries' directions, "random" (default) or "orthogonal" (keyed signed
+        coordinates, m ≤ d; see `OneRunCanaries`).
 
     Adversaries: `final-model` (cosine of each canary direction with x_T − x_0),
     `every-model` (likelihood-ratio score over every round's released noisy sum, decorrelated
@@ -810,15 +864,14 @@ def run_one_run_audit(
     if not 0.0 < confidence < 1.0:
         raise FedsimError(f"--alpha must be in (0, 1) (got {1 - confidence})")
     audit_seed = derive_seed(cfg.seed, "audit") if seed is None else int(seed)
-    canaries = OneRunCanaries(num_canaries, audit_seed)
+    canaries = OneRunCanaries(num_canaries, audit_seed, directions)
     out = Path(out_dir) if out_dir is not None else default_run_dir(cfg)
     rec = _release_recorder(canaries)
     summary = run_experiment(cfg, out, progress=progress, synthetic=canaries, callbacks=[rec])
     run_delta = float(summary["delta"])
     delta_model = _model_delta(cfg, summary, out, canaries.count)
-    u = canaries.matrix().double()
-    d = delta_model.reshape(-1)
-    final = (u @ d).numpy() / float(torch.linalg.vector_norm(d))
+    d = delta_model.reshape(-1).double()
+    final = canaries.project(d) / float(torch.linalg.vector_norm(d))
     scores = {"final-model": (final, "cosine with x_T - x_0")}
     scores["every-model"] = _every_model_scores(rec, raw=False)
     if rec.run.prep.plan is not None:
@@ -841,6 +894,7 @@ def run_one_run_audit(
         "confidence": confidence,
         "num_canaries": m,
         "num_included": canaries.count,
+        "directions": directions,
         "canary_participations": {
             "mean_included": float(canaries.participations[canaries.included].mean()) if canaries.count else 0.0,
             "excluded_total": int(canaries.participations[~canaries.included].sum()),

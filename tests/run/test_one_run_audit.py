@@ -142,3 +142,126 @@ def test_text_one_run_audit_population_and_report(tmp_path):
     for b in rep["bounds"]:
         again = one_run_bound(scores["scores"], inc, rep["delta"], method=b["method"])
         assert b["epsilon"] == pytest.approx(again.epsilon, abs=1e-12) and b["num_canaries"] == 20
+
+
+def _text_cli_args(dataset: str, tmp_path) -> list[str]:
+    """`fedsim audit` arguments of a tiny non-private text run: Shakespeare (the goals table's small
+    model) or the generated Stack Overflow fixture."""
+    if dataset == "shakespeare":
+        sets = [*BASE, "rounds=2", "data.max_users=40"]
+        args = []
+    else:
+        from fedsim.data.stackoverflow.synthetic import generate
+
+        generate(tmp_path / "so", users=40, per_user=10, vocab=150, seed=0)
+        args = ["experiments/stackoverflow_nwp_fixture.toml"]
+        sets = [f"data.root='{tmp_path / 'so'}'", "data.max_users=40", "sim.engine='inprocess'", "eval.every=0"]
+        sets += ["privacy.delta=1e-5"]
+    for o in [*sets, "privacy.mechanism='none'", "sampling.scheme='poisson'", "sampling.cohort_size=10"]:
+        args += ["--set", o]
+    return args
+
+
+@pytest.mark.parametrize(("dataset", "size"), [("shakespeare", "20"), ("so_fixture", "3")])
+def test_cli_one_run_text_canaries(dataset, size, tmp_path, capsys):
+    """`fedsim audit --attack one-run --canary-kind text` on both text tasks: the printed bounds are
+    the report's, and the report's are `one_run_bound` of the saved scores and coins."""
+    from helpers import run_cli
+
+    out_dir = tmp_path / "a"
+    args = ["audit", *_text_cli_args(dataset, tmp_path), "--attack", "one-run", "--canary-kind", "text"]
+    args += ["--canaries", "20", "--repetitions", "4", "--canary-size", size, "--secret-length", "4"]
+    code, out, err = run_cli(capsys, *args, "--out", str(out_dir))
+    assert code == 0, err
+    rep = json.loads((out_dir / "one_run_audit.json").read_text())
+    assert rep["kind"] == "text-one-run-audit" and rep["num_canaries"] == 20 and rep["repetitions"] == 4
+    assert f"one-run audit: 20 text canaries ({rep['num_included']} included)" in out
+    scores = np.load(out_dir / "one_run_scores.npz")
+    for b in rep["bounds"]:
+        again = one_run_bound(scores["scores"], scores["included"], rep["delta"], method=b["method"])
+        assert b["epsilon"] == pytest.approx(again.epsilon, abs=1e-12)
+        assert f"final-model      {b['method']:<3}  ε ≥ {b['epsilon']:.3f}" in out
+    assert str(out_dir / "one_run_audit.json") in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--attack", "one-run", "--canary-kind", "words"], "allowed are gradient and text"),
+        (["--attack", "one-run", "--canary-kind", "text", "--repetitions", "1,4"], "one --repetitions level"),
+        (["--attack", "one-run", "--repetitions", "4"], "need --canary-kind text"),
+        (["--attack", "canary", "--canary-kind", "text"], "applies to --attack one-run"),
+    ],
+)
+def test_cli_one_run_canary_kind_refused(extra, needle, tmp_path, capsys):
+    """Wrong canary-kind options are refused in one line before anything trains."""
+    from helpers import run_cli
+
+    code, _, err = run_cli(capsys, "audit", *extra, "--out", str(tmp_path / "x"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_orthogonal_canaries_are_signed_distinct_coordinates():
+    """Orthogonal canaries: each is ±e_j for its own keyed coordinate j, so the directions are
+    orthonormal; `project` and `update_sum` agree with the explicit directions; m > d is refused."""
+    import torch
+
+    from fedsim.errors import FedsimError
+
+    c = OneRunCanaries(300, 7, "orthogonal")
+    c.bind(first_id=1000, dim=500)
+    u = torch.stack([c.direction(k) for k in range(300)])
+    assert torch.equal(u @ u.T, torch.eye(300, dtype=torch.float64))
+    assert set(u.abs().sum(dim=1).tolist()) == {1.0} and 0.3 < float((u.sum(dim=1) > 0).double().mean()) < 0.7
+    v = torch.randn(500, dtype=torch.float64)
+    assert np.allclose(c.project(v), (u @ v).numpy(), rtol=0, atol=1e-12)
+    again = OneRunCanaries(300, 7, "orthogonal")
+    again.bind(first_id=1000, dim=500)
+    assert np.array_equal(again.project(v), c.project(v))
+    users = [1000 + j for j in range(0, c.count, 3)]
+    total = c.update_sum(users, 0, 2.0, 500).double()
+    expect = 2.0 * u[[int(c.index[j - 1000]) for j in users]].sum(dim=0)
+    assert torch.allclose(total, expect, atol=1e-6)
+    with pytest.raises(FedsimError, match="at least as many parameters"):
+        OneRunCanaries(600, 7, "orthogonal").bind(first_id=0, dim=500)
+
+
+def test_orthogonal_audit_run(tmp_path):
+    """A one-run audit with orthogonal canaries on a generated logistic-regression task, every user
+    in every round: the bounds are `one_run_bound` of the saved scores, excluded canaries never
+    take part, and the every-model score is the exact Gaussian likelihood ratio's statistic
+    (the sum over rounds of the whitened projections, up to a monotone map)."""
+    m = 400
+    over = [
+        "data.name='synthetic'",
+        "data.num_clients=10",
+        "data.num_features=99",
+        "model.name='logreg'",
+        "rounds=3",
+        "eval.every=0",
+        "sim.engine='inprocess'",
+        "privacy.mechanism='gaussian'",
+        "privacy.delta=1e-5",
+        "privacy.noise_multiplier=1.0",
+        "sampling.scheme='poisson'",
+    ]
+    cfg = load_config(None, over)
+    pop = 10 + int(inclusion_bits(5, m).sum())
+    cfg = load_config(None, [*over, f"sampling.cohort_size={pop}"])
+    rep = run_one_run_audit(cfg, tmp_path / "o", m, progress=False, seed=5, directions="orthogonal")
+    assert rep["directions"] == "orthogonal" and rep["dimension"] == 1000 and rep["population"] == pop
+    assert rep["canary_participations"] == {"mean_included": 3.0, "excluded_total": 0}
+    s = np.load(tmp_path / "o" / "one_run_scores.npz")
+    for b in rep["bounds"]:
+        key = b["adversary"].replace("-", "_")
+        assert b["epsilon"] == pytest.approx(
+            one_run_bound(s[key], s["included"], rep["delta"], method=b["method"]).epsilon
+        )
+    # z = 1, three rounds, every user every round: each canary's view is the Gaussian mechanism
+    # with μ = √3, so the every-model score separates in from out with AUC Φ(μ/√2) (sd ≈ 0.015 at m = 400)
+    from scipy.stats import norm
+
+    auc = roc_auc(s["every_model"][s["included"]], s["every_model"][~s["included"]])
+    assert abs(auc - norm.cdf(math.sqrt(3.0) / math.sqrt(2.0))) < 0.06, auc
+    every = {b["method"]: b["epsilon"] for b in rep["bounds"] if b["adversary"] == "every-model"}
+    assert 0.0 < every["snj"] < every["fdp"] <= rep["ledger_epsilon"], (every, rep["ledger_epsilon"])
