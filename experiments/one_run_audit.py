@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import tempfile
 import time
@@ -92,11 +93,11 @@ TEXT = {
 }
 
 
-#: MF text arms: fixed epochs with groups of about 20 users (as the Poisson arms' K̄ = 20), each
-#: user at most ⌈100/b⌉ times.
+#: MF text arms: fixed epochs with b groups of about 20 users (as the Poisson arms' K̄ = 20; the
+#: audit trains about 206 Shakespeare and 174 Stack Overflow users), each user ⌈100/b⌉ times.
 TEXT_EPOCHS = {
-    "shakespeare": ["sampling.scheme='epochs'", "sampling.min_sep=15", "sampling.max_participations=7"],
-    "so_fixture": ["sampling.scheme='epochs'", "sampling.min_sep=12", "sampling.max_participations=9"],
+    "shakespeare": ["sampling.scheme='epochs'", "sampling.min_sep=10", "sampling.max_participations=10"],
+    "so_fixture": ["sampling.scheme='epochs'", "sampling.min_sep=9", "sampling.max_participations=12"],
 }
 
 
@@ -318,6 +319,61 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def goals_table(rows: list[dict[str, Any]]) -> str:
+    """The ½ε goal (markdown), one line per (ε, m, directions): the ceiling at that m (`ceiling`,
+    mean ± sd over its draws) and the measured every-model bounds (mean ± sd over seeds), `snj`
+    and `fdp`, and whether the ceiling and the measured mean reach ½ε (`fdp`)."""
+    import numpy as np
+
+    groups: dict[tuple[float, int, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["target_epsilon"], r["num_canaries"], r.get("directions", "random")), []).append(r)
+    lines = [
+        "| ledger ε | ½ε | m | canaries | d | seeds | ceiling snj | measured snj | ceiling fdp | measured fdp "
+        "| ½ε reached: ceiling / measured (seeds) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (eps, m, directions), rs in sorted(groups.items()):
+        led = rs[0]["ledger_epsilon"]
+        ideal = ceiling(led, rs[0]["delta"], m, 10 if m >= 10**6 else 20)
+        got = {k: [r["bounds"][f"every-model/{k}"]["epsilon"] for r in rs] for k in ("snj", "fdp")}
+        hits = sum(e >= led / 2 for e in got["fdp"])
+        yes = {True: "yes", False: "no"}
+        lines.append(
+            f"| {eps:g} | {eps / 2:g} | {m:,} | {directions} | {rs[0]['dimension']:,} | {len(rs)} "
+            f"| {ideal['snj'][0]:.2f} ± {ideal['snj'][1]:.2f} | {np.mean(got['snj']):.2f} ± {np.std(got['snj']):.2f} "
+            f"| {ideal['fdp'][0]:.2f} ± {ideal['fdp'][1]:.2f} | {np.mean(got['fdp']):.2f} ± {np.std(got['fdp']):.2f} "
+            f"| {yes[ideal['fdp'][0] >= led / 2]} / {yes[float(np.mean(got['fdp'])) >= led / 2]} ({hits} of {len(rs)}) |"
+        )
+    return "\n".join(lines)
+
+
+def text_table(rows: list[dict[str, Any]]) -> str:
+    """The text-canary table (markdown) from `--text` rows, one line per (dataset, noise, ε) with
+    its seeds pooled (mean ± sd (min–max) over seeds)."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        led = r["ledger_epsilon"]
+        key = (r["dataset"], r["mechanism"], "∞" if isinstance(led, str) or led == math.inf else f"{led:.2f}")
+        groups.setdefault(key, []).append(r)
+    lines = [
+        "| dataset | noise | ledger ε | seeds | m (included) | ceiling snj / fdp | ε_LB snj (95 %) | ε_LB fdp (95 %) "
+        "| correct of guesses (fdp) | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (ds, mech, led), rs in groups.items():
+        r0 = rs[0]
+        inc = "/".join(str(r["num_included"]) for r in rs)
+        hits = ", ".join(f"{r['bounds']['fdp']['correct']} of {r['bounds']['fdp']['guesses']}" for r in rs)
+        lines.append(
+            f"| {ds} | {mech} | {led} | {len(rs)} | {r0['num_canaries']} ({inc}) "
+            f"| {r0['ceiling']['snj']:.2f} / {r0['ceiling']['fdp']:.2f} "
+            f"| {_stat([r['bounds']['snj']['epsilon'] for r in rs])} | {_stat([r['bounds']['fdp']['epsilon'] for r in rs])} "
+            f"| {hits} | {'/'.join(str(round(r['wall_s'])) for r in rs)} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", type=Path, default=None, help="write the rows here (and the table next to it as .md)")
@@ -346,8 +402,19 @@ def main() -> None:
         help="instead: one text-canary arm, e.g. shakespeare none inf or so_fixture blt 8",
     )
     p.add_argument("--so-root", default="/tmp/so-fixture", help="the generated Stack Overflow fixture (--text)")
+    p.add_argument(
+        "--table",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="instead: print the tables of saved rows (one_run_audit*.json; text rows get the text table)",
+    )
     args = p.parse_args()
     _env()
+    if args.table is not None:
+        saved = json.loads(args.table.read_text())["rows"]
+        print(text_table(saved) if "dataset" in saved[0] else table(saved) + "\n\n" + goals_table(saved))
+        return
     epsilons = [float(e) for e in args.epsilons.split(",")]
     if args.ceiling is not None:
         md, crow = ceiling_table([int(m) for m in args.ceiling.split(",")], epsilons)
@@ -365,8 +432,8 @@ def main() -> None:
                 rows_t.append(text_arm(ds, mech, e, Path(tmp) / "audit", args.so_root, seed))
             print(json.dumps(rows_t[-1]), flush=True)
         if args.json is not None:
-            old = json.loads(args.json.read_text()) if args.append and args.json.exists() else []
-            args.json.write_text(json.dumps(old + rows_t, indent=1), encoding="utf-8")
+            old = json.loads(args.json.read_text())["rows"] if args.append and args.json.exists() else []
+            args.json.write_text(json.dumps({"rows": old + rows_t}, indent=1), encoding="utf-8")
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="one-run-audit-") as tmp:

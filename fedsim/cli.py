@@ -778,6 +778,15 @@ def audit(
             "scored by how much training lowered the secret's log-perplexity; final-model bounds).",
         ),
     ] = "gradient",
+    canary_directions: Annotated[
+        str,
+        typer.Option(
+            "--canary-directions",
+            help="one-run gradient canaries: random (default: uniform on the sphere, an m × d matrix kept) or "
+            "orthogonal (each canary its own keyed coordinate with a keyed sign: no matrix, no interference "
+            "between canaries, m up to the model's size).",
+        ),
+    ] = "random",
     held_out: Annotated[int, typer.Option(help="user-inference: held-out users (and as many held-in targets).")] = 40,
     alpha: Annotated[float, typer.Option("--alpha", help="The bootstrap interval has confidence 1 − alpha.")] = 0.05,
     null: Annotated[
@@ -810,10 +819,12 @@ def audit(
     cfg = load_config(config, set_ or [])
     if "one-run" in attacks:
         text = _one_run_text_options(canary_kind, repetitions, canary_size, secret_length)
-        _one_run_audit(cfg, out, attacks, canaries, alpha, as_json, text)
+        if text is not None and canary_directions != "random":
+            raise FedsimError("--canary-directions applies to gradient canaries; drop it with --canary-kind text")
+        _one_run_audit(cfg, out, attacks, canaries, alpha, as_json, text, canary_directions)
         return
-    if canary_kind != "gradient":
-        raise FedsimError("--canary-kind applies to --attack one-run; the canary attack always inserts text canaries")
+    if canary_kind != "gradient" or canary_directions != "random":
+        raise FedsimError("--canary-kind and --canary-directions apply to --attack one-run only; drop them here")
     if "gradient" not in attacks:
         reps, sizes = repetitions or "1,4,16", canary_size or "all"
         opts = _text_audit_options(attacks, canaries, reps, secret_length, sizes, references, held_out)
@@ -882,9 +893,10 @@ def _one_run_audit(
     alpha: float,
     as_json: bool,
     text: dict[str, Any] | None = None,
+    directions: str = "random",
 ) -> None:
     """`fedsim audit --attack one-run`: one line per adversary and bound, next to the ledger's ε
-    (text canaries when `text` holds their options, gradient canaries otherwise)."""
+    (text canaries when `text` holds their options, gradient canaries in `directions` otherwise)."""
     if len(attacks) > 1:
         raise FedsimError("--attack one-run runs alone; run the other attacks separately")
     if not 0.0 < alpha < 1.0:
@@ -894,7 +906,8 @@ def _one_run_audit(
     if text is None:
         from fedsim.runner.audit import run_one_run_audit
 
-        rep = run_one_run_audit(cfg, out, 1000 if m is None else m, confidence=1.0 - alpha, progress=not as_json)
+        m = 1000 if m is None else m
+        rep = run_one_run_audit(cfg, out, m, confidence=1.0 - alpha, progress=not as_json, directions=directions)
         where = Path(rep["run_dir"]) / "one_run_audit.json"
     else:
         from fedsim.runner.text_audit import run_text_one_run_audit

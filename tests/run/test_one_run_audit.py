@@ -190,7 +190,10 @@ def test_cli_one_run_text_canaries(dataset, size, tmp_path, capsys):
         (["--attack", "one-run", "--canary-kind", "words"], "allowed are gradient and text"),
         (["--attack", "one-run", "--canary-kind", "text", "--repetitions", "1,4"], "one --repetitions level"),
         (["--attack", "one-run", "--repetitions", "4"], "need --canary-kind text"),
-        (["--attack", "canary", "--canary-kind", "text"], "applies to --attack one-run"),
+        (["--attack", "canary", "--canary-kind", "text"], "apply to --attack one-run only"),
+        (["--canary-directions", "orthogonal"], "apply to --attack one-run only"),
+        (["--attack", "one-run", "--canary-directions", "diagonal"], "allowed are random, orthogonal"),
+        (["--attack", "one-run", "--canary-kind", "text", "--canary-directions", "orthogonal"], "gradient canaries"),
     ],
 )
 def test_cli_one_run_canary_kind_refused(extra, needle, tmp_path, capsys):
