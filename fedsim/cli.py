@@ -179,9 +179,8 @@ def run(
     # the plugins the config (or the resumed run) lists register their parts before anything
     # builds the config schema
     plugins.of_file(resume / "config.toml" if resume is not None else config)
-    from fedsim.runner import run_experiment
-
     if resume is not None:
+        from fedsim.runner import run_experiment
         from fedsim.runner.resume import resume_config
 
         if out is not None:
@@ -193,7 +192,9 @@ def run(
     else:
         if force:
             raise FedsimError("--force applies only with --resume")
-        cfg = load_config(config, set_ or [])
+        cfg = load_config(config, set_ or [])  # value errors too answer before torch is imported
+        from fedsim.runner import run_experiment
+
         summary = run_experiment(cfg, out, progress=not quiet)
     from fedsim.privacy.display import format_delta, format_epsilon
 
@@ -236,13 +237,12 @@ def privacy(
         cfg = load_config(config, set_ or [])
     else:
         cfg = _load_with_target(config, set_ or [], target_epsilon)
-    from fedsim.runner import privacy_report
+    from fedsim.privacy.plan import note_max_users, privacy_report
 
     if population is None:
-        from fedsim.data import load_federated
-        from fedsim.runner import note_max_users
+        from fedsim.data import population_size
 
-        population = load_federated(cfg.data).population
+        population = population_size(cfg.data)
         note_max_users(cfg, population)
     if population < 1:
         raise FedsimError("--population must be ≥ 1")

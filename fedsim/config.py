@@ -617,7 +617,7 @@ class Config(_Section):
     @model_validator(mode="after")
     def _mechanism_fits_scheme(self) -> Config:
         """The accountant's rules that need no population, checked at load time (fail fast)."""
-        from fedsim.privacy.accounting import MF_SCHEMES
+        from fedsim.privacy.participation import MF_SCHEMES
 
         mech, scheme = self.privacy.mechanism, self.sampling.scheme
         if MECHANISMS[mech].correlated and scheme not in MF_SCHEMES:

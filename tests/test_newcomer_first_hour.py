@@ -386,6 +386,27 @@ def test_the_python_api_prints_progress_at_a_terminal_only(capsys, tmp_path, mon
     assert ("round 1/1" in got.err) == terminal and ("fedsim: " in got.out) == terminal
 
 
+def _cli_in_fresh_interpreter(args: list[str], cwd, watch: tuple[str, ...]) -> tuple[dict, str]:
+    """Run `fedsim <args>` by its main() in a fresh interpreter; its exit code, how many modules
+    it imported, which of `watch` it imported, and its stderr."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "from fedsim.cli import main\n"
+        "try:\n"
+        f"    main({args!r})\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        f"heavy = sorted(m for m in {watch!r} if m in sys.modules)\n"
+        "print(json.dumps({'code': code, 'modules': len(sys.modules), 'heavy': heavy}))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -403,28 +424,38 @@ def test_the_python_api_prints_progress_at_a_terminal_only(capsys, tmp_path, mon
 def test_config_and_cli_errors_answer_before_torch_flower_or_ray_are_imported(tmp_path, args, needle):
     """In a fresh interpreter: the error is printed, and the heavy packages were never imported
     (the import count, not a timing, pins this: importing torch alone costs about 1 s of CPU)."""
-    import json
-    import subprocess
-    import sys
-
     bad = tmp_path / "bad.toml"
     bad.write_text("rounds = = 3\n")
     args = [str(bad) if a == "BAD_TOML" else a for a in args]
-    script = (
-        "import json, sys\n"
-        "from fedsim.cli import main\n"
-        "try:\n"
-        f"    main({args!r})\n"
-        "except SystemExit as e:\n"
-        "    code = e.code\n"
-        "heavy = sorted(m for m in ('torch', 'flwr', 'ray', 'scipy', 'pydantic', 'datasets') if m in sys.modules)\n"
-        "print(json.dumps({'code': code, 'modules': len(sys.modules), 'heavy': heavy}))\n"
-    )
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got["code"] == 2 and needle in r.stderr, r.stderr
+    got, err = _cli_in_fresh_interpreter(args, tmp_path, ("torch", "flwr", "ray", "scipy", "pydantic", "datasets"))
+    assert got["code"] == 2 and needle in err, err
     assert got["heavy"] == [], got
     assert got["modules"] < 400, got  # ~215 today; torch alone brings ~1,500
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "--set", "rounds=0"], "rounds: Input should be greater than or equal to 1"),
+        (
+            ["run", "--set", "privacy.mechanism=blt", "--set", "sampling.scheme=poisson"],
+            "needs a bounded participation scheme",
+        ),
+        (["run", "--set", "model.name=femnist_cnn"], "does not fit data.name = 'shakespeare'"),
+        (["privacy", "--set", "client.lr=-1"], "client.lr"),
+        (["run", "--set", "privacy.mechanism=nope"], "privacy.mechanism"),
+    ],
+    ids=["rounds-0", "mf-poisson", "model-data", "privacy-lr", "mechanism-name"],
+)
+def test_config_value_errors_answer_before_torch_and_the_accountant_are_imported(tmp_path, args, needle):
+    """Errors in a config's values need the schema (pydantic and the registries' options), not
+    torch, Flower, Ray, datasets or dp-accounting: the registries import torch on first use
+    (fedsim._lazy), and the schema is checked before the runner is imported."""
+    watch = ("torch", "flwr", "ray", "datasets", "flwr_datasets", "dp_accounting", "pandas", "matplotlib", "pyarrow")
+    got, err = _cli_in_fresh_interpreter(args, tmp_path, watch)
+    assert got["code"] == 2 and needle in err, err
+    assert got["heavy"] == [], got
+    assert got["modules"] < 1000, got  # ~640 today (pydantic, numpy, scipy.linalg); torch alone brings ~1,500
 
 
 def test_the_light_config_reader_knows_every_top_level_key():

@@ -58,3 +58,11 @@ __all__ = [
 def load_federated(spec: DataOptions) -> FederatedData:
     """Load (building once if needed) the federated dataset described by ``spec``."""
     return DATASETS.get_part(spec.name).load(spec)
+
+
+def population_size(spec: DataOptions) -> int:
+    """The number of users of the dataset described by `spec`: from the dataset's own count
+    where it can tell without loading (the bundled Shakespeare, once built), else by loading."""
+    kind = DATASETS.get_part(spec.name)
+    n = kind.count(spec) if kind.count is not None else None
+    return n if n is not None else load_federated(spec).population

@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 
 def test_indices(n: int, max_examples: int | None) -> np.ndarray:

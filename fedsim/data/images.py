@@ -35,16 +35,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from fedsim.data.base import CachedArrays, TopOneClassification
 from fedsim.data.hf_local import build_once, cache_folder, load_hf_folder, split_source, user_contiguous
 from fedsim.data.registry import DatasetKind, LocalDataOptions, register_dataset, subset
 from fedsim.errors import FedsimError
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 CACHE_VERSION = 1
 FEMNIST_TRAIN_FRACTION = 0.9

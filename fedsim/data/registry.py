@@ -77,6 +77,9 @@ class DatasetKind:
     load : options → the population (built once per process and cached by
         :func:`fedsim.data.load_federated`).
     summary : one line for the docs.
+    count : options → the number of users `load` would return, or None where it cannot be told
+        without loading (what `fedsim privacy` reads to skip loading the data). Default None:
+        always load.
     """
 
     name: str
@@ -84,6 +87,7 @@ class DatasetKind:
     task: str
     load: Callable[[Any], FederatedData]
     summary: str
+    count: Callable[[Any], int | None] | None = None
 
 
 #: The datasets, by ``data.name``.

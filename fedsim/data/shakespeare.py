@@ -17,20 +17,25 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
+import json
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from fedsim.data.base import TopOneClassification, UserCounts, majority, test_indices
 from fedsim.data.registry import DataOptions, DatasetKind, register_dataset, subset
 from fedsim.errors import FedsimError
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 #: Bump when the parsing rules change (invalidates caches).
 BUILD_VERSION = 1
@@ -247,15 +252,58 @@ def load_shakespeare(spec: ShakespeareOptions) -> FederatedText:
     chunks: dict[int, list[str]] = {}
     for user, text in zip(ds["user"], ds["text"]):
         chunks.setdefault(pid_of[user], []).append(text)
+    lengths: list[int] = []
     for pid in sorted(chunks):
         joined = " ".join(chunks[pid])
-        if len(joined) >= spec.min_chars and len(joined) - spec.window >= 5:
+        lengths.append(len(joined))
+        if _eligible(len(joined), spec):
             names_all.append(part.partition_id_to_natural_id[pid])
             texts_all.append(encode(joined))
+    _write_lengths(folder, lengths)
     keep = subset(len(names_all), spec.max_users, spec.subset_seed)
-    if len(keep) < 2:
-        raise FedsimError(f"data: only {len(keep)} users have ≥ {spec.min_chars} characters; lower data.min_chars")
+    _check_users(len(keep), spec)
     return FederatedText([names_all[i] for i in keep], [texts_all[i] for i in keep], spec.window, VOCAB_SIZE)
+
+
+#: Each (play, speaker)'s text length in characters, written next to the built corpus by the
+#: first load: what `count_shakespeare` reads.
+LENGTHS_FILE = "user_chars.json"
+
+
+def _eligible(chars: int, spec: ShakespeareOptions) -> bool:
+    return chars >= spec.min_chars and chars - spec.window >= 5
+
+
+def _check_users(n: int, spec: ShakespeareOptions) -> None:
+    if n < 2:
+        raise FedsimError(f"data: only {n} users have ≥ {spec.min_chars} characters; lower data.min_chars")
+
+
+def _write_lengths(folder: Path, lengths: list[int]) -> None:
+    target = folder / LENGTHS_FILE
+    if target.exists():
+        return
+    tmp = folder / f".{LENGTHS_FILE}.{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(lengths))
+        os.replace(tmp, target)
+    except OSError:  # a read-only cache: counting falls back to loading
+        tmp.unlink(missing_ok=True)
+
+
+def count_shakespeare(spec: ShakespeareOptions) -> int | None:
+    """The population `load_shakespeare(spec)` returns, from the built corpus's per-user text
+    lengths (None before the first load has written them)."""
+    files = play_files()
+    root = Path(spec.cache_dir) if spec.cache_dir else default_cache_dir()
+    try:
+        lengths = json.loads((root / f"shakespeare-{_source_fingerprint(files)}" / LENGTHS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    eligible = sum(1 for chars in lengths if _eligible(int(chars), spec))
+    n = len(subset(eligible, spec.max_users, spec.subset_seed))
+    _check_users(n, spec)
+    return n
 
 
 register_dataset(
@@ -265,5 +313,6 @@ register_dataset(
         "char",
         load_shakespeare,
         "the bundled plays, users = (play, speaker): next-character prediction",
+        count=count_shakespeare,
     )
 )

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from fedsim.data.base import TopOneClassification, majority, test_indices
 from fedsim.data.registry import DataOptions, DatasetKind, register_dataset
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 
 class _Names(Sequence[str]):

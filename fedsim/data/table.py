@@ -20,15 +20,19 @@ of them for test, at least one train row). The models of the ``vector`` task fit
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 from pydantic import Field, model_validator
 
 from fedsim.data.base import TopOneClassification, UserCounts, majority, test_indices
 from fedsim.data.registry import DatasetKind, LocalDataOptions, register_dataset, subset
 from fedsim.errors import FedsimError
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 
 class TableOptions(LocalDataOptions):

@@ -20,201 +20,28 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from fedsim.errors import FedsimError
 from fedsim.registry import Registry
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:
+    from fedsim._lazy import torch
 
-class CharLSTM(nn.Module):
-    """LEAF's Shakespeare model: embedding → stacked LSTM → linear over the vocabulary,
-    predicting the character after a window from the last hidden state.
-
-    Parameters
-    ----------
-    vocab_size : number of character ids (including the unknown id).
-    embed_dim : embedding width (LEAF: 8).
-    hidden : LSTM hidden size (LEAF: 256).
-    layers : stacked LSTM layers (LEAF: 2).
-    dp_layers : use Opacus's ``DPLSTM`` (per-sample gradients for example-level DP; Opacus's
-        grad samplers do not cover ``nn.LSTM``). Its flat parameter order differs from
-        ``nn.LSTM``'s, so the server and every client must build the same variant.
-    """
-
-    def __init__(
-        self, vocab_size: int, embed_dim: int = 8, hidden: int = 256, layers: int = 2, dp_layers: bool = False
-    ) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab_size, embed_dim)
-        if dp_layers:
-            from opacus.layers import DPLSTM
-
-            self.lstm = DPLSTM(embed_dim, hidden, num_layers=layers, batch_first=True)
-        else:
-            self.lstm = nn.LSTM(embed_dim, hidden, num_layers=layers, batch_first=True)
-        self.head = nn.Linear(hidden, vocab_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h, _ = self.lstm(self.embed(x))
-        return self.head(h[:, -1, :])
+#: The classes defined in `fedsim.models.nets`, read from here on first use (PEP 562), so that
+#: the registry (which the config schema reads) does not import torch.
+_NETS = ("CharLSTM", "WordLSTM", "LogReg", "TagLogReg", "SmallCNN", "ResNet18GN", "batched_linear")
 
 
-class WordLSTM(nn.Module):
-    """TFF's Stack Overflow next-word model: embedding → LSTM → dense → dense over the classes,
-    predicting every position of the sequence (output ``[batch, L, num_classes]``).
-
-    Parameters
-    ----------
-    num_classes : ``V + 3 + k`` (pad, the vocabulary, OOV buckets, BOS, EOS).
-    embed_dim : embedding width (TFF: 96).
-    hidden : LSTM hidden size (TFF: 670).
-    dp_layers : use Opacus's ``DPLSTM`` (see :class:`CharLSTM`).
-    """
-
-    def __init__(self, num_classes: int, embed_dim: int = 96, hidden: int = 670, dp_layers: bool = False) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(num_classes, embed_dim)
-        if dp_layers:
-            from opacus.layers import DPLSTM
-
-            self.lstm = DPLSTM(embed_dim, hidden, batch_first=True)
-        else:
-            self.lstm = nn.LSTM(embed_dim, hidden, batch_first=True)
-        self.proj = nn.Linear(hidden, embed_dim)
-        self.head = nn.Linear(embed_dim, num_classes)
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        """The output layer's inputs, ``[batch, L, embed_dim]``: the forward pass without ``head``."""
-        h, _ = self.lstm(self.embed(x))
-        out: torch.Tensor = self.proj(h)
-        return out
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
-
-
-def batched_linear(params: dict[str, torch.Tensor], x: torch.Tensor, prefix: str = "linear.") -> torch.Tensor:
-    """``U`` users' ``nn.Linear`` at once: ``x[u] · W[u]ᵀ + b[u]`` for stacked parameters
-    ``params[prefix + "weight"]`` ``(U, out, in)`` and ``params[prefix + "bias"]`` ``(U, out)``
-    and inputs ``x`` ``(U, B, in)``; returns ``(U, B, out)``. The batched matrix product and
-    the bias added after it, as ``vmap`` lowers ``nn.Linear`` (without its per-call overhead)."""
-    w, b = params[prefix + "weight"], params[prefix + "bias"]
-    return torch.matmul(x, w.transpose(-1, -2)) + b.unsqueeze(-2)
-
-
-class LogReg(nn.Module):
-    """Multinomial logistic regression: logits ``x·W + b`` over ``num_classes``."""
-
-    def __init__(self, in_features: int, num_classes: int, dp_layers: bool = False) -> None:
-        super().__init__()
-        self.linear = nn.Linear(in_features, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x)
-
-    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward` of ``U`` users at once (vectorized training): ``params`` stacked
-        ``(U, …)`` under :meth:`named_parameters`' names, ``x`` ``(U, B, in_features)``."""
-        return batched_linear(params, x)
-
-
-class TagLogReg(nn.Module):
-    """TFF's Stack Overflow tag model: logits ``x·W + b`` of ``T`` independent tags.
-
-    Parameters
-    ----------
-    in_features : ``W`` (bag-of-words size).
-    out_features : ``T`` (tags).
-    """
-
-    def __init__(self, in_features: int, out_features: int, dp_layers: bool = False) -> None:
-        super().__init__()
-        self.linear = nn.Linear(in_features, out_features)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x)
-
-    def batched_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward` of ``U`` users at once (see :meth:`LogReg.batched_forward`)."""
-        return batched_linear(params, x)
-
-
-class SmallCNN(nn.Module):
-    """Two conv blocks (conv → ReLU → 2×2 max-pool) and two dense layers.
-
-    Parameters
-    ----------
-    channels, size, num_classes : the input's channels and side, and the classes.
-    widths : the two conv layers' channels.
-    kernel : conv kernel side (padding keeps the side).
-    hidden : the dense layer's width.
-    """
-
-    def __init__(
-        self,
-        channels: int,
-        size: int,
-        num_classes: int,
-        widths: tuple[int, int] = (32, 64),
-        kernel: int = 5,
-        hidden: int = 2048,
-        dp_layers: bool = False,
-    ) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(channels, widths[0], kernel, padding=kernel // 2),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(widths[0], widths[1], kernel, padding=kernel // 2),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-        )
-        self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(widths[1] * (size // 4) ** 2, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
-
-
-class _Block(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int, groups: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.n1 = nn.GroupNorm(groups, cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.n2 = nn.GroupNorm(groups, cout)
-        self.short = (
-            nn.Sequential()
-            if stride == 1 and cin == cout
-            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(groups, cout))
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.n1(self.conv1(x)))
-        return torch.relu(self.n2(self.conv2(h)) + self.short(x))
-
-
-class ResNet18GN(nn.Module):
-    """ResNet-18 for small images: 3×3 stem, four stages of two basic blocks (64, 128, 256, 512
-    channels), GroupNorm with ``groups`` groups, global average pooling, dense over the classes."""
-
-    def __init__(self, channels: int, size: int, num_classes: int, groups: int = 2, dp_layers: bool = False) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(channels, 64, 3, 1, 1, bias=False), nn.GroupNorm(groups, 64), nn.ReLU())
-        blocks, cin = [], 64
-        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-            blocks += [_Block(cin, cout, stride, groups), _Block(cout, cout, 1, groups)]
-            cin = cout
-        self.blocks = nn.Sequential(*blocks)
-        self.head = nn.Linear(512, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+def __getattr__(name: str) -> Any:
+    if name in _NETS:
+        return getattr(importlib.import_module("fedsim.models.nets"), name)
+    raise AttributeError(f"module 'fedsim.models' has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -228,8 +55,9 @@ class ModelKind:
     task : str
         The dataset task it is built for: `char`, `nwp`, `tag`, `femnist`, `cifar100`,
         `vector`, or a registered dataset's own task.
-    cls : type[torch.nn.Module]
-        The module class. fedsim builds it as `cls(**dims, **kwargs, dp_layers=...)`, with the
+    cls : type[torch.nn.Module] or str
+        The module class, or its import path `"package.module:Class"` (imported when the model
+        is first built, so that reading a config does not import it). fedsim builds it as `cls(**dims, **kwargs, dp_layers=...)`, with the
         parameters initialised from the run's seed. `dims` are the dataset's sizes for the task:
         `char` `vocab_size`; `nwp` `num_classes`; `tag` `in_features` and `out_features`;
         `femnist` and `cifar100` `channels`, `size` and `num_classes`; `vector` `in_features`
@@ -243,9 +71,22 @@ class ModelKind:
 
     name: str
     task: str
-    cls: type[nn.Module]
+    cls: type[nn.Module] | str
     kwargs: dict[str, Any]
     summary: str
+
+    def module_class(self) -> type[nn.Module]:
+        """`cls`, imported from its path when it is given as `"package.module:Class"`."""
+        if not isinstance(self.cls, str):
+            return self.cls
+        module, _, attr = self.cls.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise FedsimError(
+                f"model {self.name!r}: cannot import its class {self.cls!r} ({e}); give ModelKind.cls as "
+                f"a class or as 'package.module:Class'"
+            ) from None
 
 
 #: The models, by ``model.name``.
@@ -259,28 +100,65 @@ def register_model(kind: ModelKind) -> ModelKind:
             f"register_model takes a fedsim.models.ModelKind(name, task, cls, kwargs, summary), not "
             f"{type(kind).__name__} {kind!r}"
         )
+    if isinstance(kind.cls, str) and ":" not in kind.cls:
+        raise FedsimError(
+            f"ModelKind {kind.name!r}: cls = {kind.cls!r} is not an import path; give the class itself or "
+            f"'package.module:Class'"
+        )
     return MODELS.add(kind.name, kind)
 
 
 for _kind in (
     ModelKind(
-        "shakespeare_lstm", "char", CharLSTM, dict(embed_dim=8, hidden=256, layers=2), "LEAF: embed 8, 2×LSTM 256"
+        "shakespeare_lstm",
+        "char",
+        "fedsim.models.nets:CharLSTM",
+        dict(embed_dim=8, hidden=256, layers=2),
+        "LEAF: embed 8, 2×LSTM 256",
     ),
     ModelKind(
         "shakespeare_lstm_small",
         "char",
-        CharLSTM,
+        "fedsim.models.nets:CharLSTM",
         dict(embed_dim=8, hidden=64, layers=2),
         "embed 8, 2×LSTM 64 (under 100k parameters)",
     ),
-    ModelKind("so_nwp_lstm", "nwp", WordLSTM, dict(embed_dim=96, hidden=670), "TFF: embed 96, LSTM 670, dense 96"),
-    ModelKind("so_nwp_lstm_small", "nwp", WordLSTM, dict(embed_dim=16, hidden=64), "embed 16, LSTM 64"),
-    ModelKind("so_tag_logreg", "tag", TagLogReg, {}, "TFF: one dense sigmoid layer"),
-    ModelKind("femnist_cnn", "femnist", SmallCNN, dict(widths=(32, 64), kernel=5, hidden=2048), "LEAF's CNN"),
-    ModelKind("femnist_cnn_small", "femnist", SmallCNN, dict(widths=(16, 32), kernel=5, hidden=128), "a smaller CNN"),
-    ModelKind("cifar_resnet18_gn", "cifar100", ResNet18GN, dict(groups=2), "ResNet-18 with group norm"),
-    ModelKind("cifar_cnn_small", "cifar100", SmallCNN, dict(widths=(32, 64), kernel=3, hidden=256), "a small CNN"),
-    ModelKind("logreg", "vector", LogReg, {}, "logistic regression"),
+    ModelKind(
+        "so_nwp_lstm",
+        "nwp",
+        "fedsim.models.nets:WordLSTM",
+        dict(embed_dim=96, hidden=670),
+        "TFF: embed 96, LSTM 670, dense 96",
+    ),
+    ModelKind(
+        "so_nwp_lstm_small", "nwp", "fedsim.models.nets:WordLSTM", dict(embed_dim=16, hidden=64), "embed 16, LSTM 64"
+    ),
+    ModelKind("so_tag_logreg", "tag", "fedsim.models.nets:TagLogReg", {}, "TFF: one dense sigmoid layer"),
+    ModelKind(
+        "femnist_cnn",
+        "femnist",
+        "fedsim.models.nets:SmallCNN",
+        dict(widths=(32, 64), kernel=5, hidden=2048),
+        "LEAF's CNN",
+    ),
+    ModelKind(
+        "femnist_cnn_small",
+        "femnist",
+        "fedsim.models.nets:SmallCNN",
+        dict(widths=(16, 32), kernel=5, hidden=128),
+        "a smaller CNN",
+    ),
+    ModelKind(
+        "cifar_resnet18_gn", "cifar100", "fedsim.models.nets:ResNet18GN", dict(groups=2), "ResNet-18 with group norm"
+    ),
+    ModelKind(
+        "cifar_cnn_small",
+        "cifar100",
+        "fedsim.models.nets:SmallCNN",
+        dict(widths=(32, 64), kernel=3, hidden=256),
+        "a small CNN",
+    ),
+    ModelKind("logreg", "vector", "fedsim.models.nets:LogReg", {}, "logistic regression"),
 ):
     register_model(_kind)
 
@@ -297,7 +175,7 @@ def make_model(name: str, dims: int | dict[str, int], seed: int = 0, dp_layers: 
     ``dims``: the dataset's :meth:`model_dims` (an ``int`` is a character ``vocab_size``);
     ``dp_layers``: the Opacus-compatible variant (example-level DP, ``privacy.unit = "example"``)."""
     kind = MODELS.get_part(name)
-    task, cls, kwargs = kind.task, kind.cls, kind.kwargs
+    task, cls, kwargs = kind.task, kind.module_class(), kind.kwargs
     if isinstance(dims, int):
         dims = {"vocab_size": dims}
     image = ("channels", "num_classes", "size")
@@ -317,7 +195,7 @@ def make_model(name: str, dims: int | dict[str, int], seed: int = 0, dp_layers: 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(**dims, **kwargs, dp_layers=dp_layers)
-    if not isinstance(model, nn.Module) or not any(p.requires_grad for p in model.parameters()):
+    if not isinstance(model, torch.nn.Module) or not any(p.requires_grad for p in model.parameters()):
         raise FedsimError(
             f"model.name = {name!r} ({getattr(cls, '__name__', cls)}) has no trainable parameters: federated "
             f"training updates a model's parameters; give the module at least one nn.Parameter (e.g. a nn.Linear)"
@@ -328,7 +206,7 @@ def make_model(name: str, dims: int | dict[str, int], seed: int = 0, dp_layers: 
 def recurrent(model: nn.Module) -> bool:
     """Whether ``model`` has recurrent layers (torch's or Opacus's)."""
     return any(
-        isinstance(m, nn.RNNBase) or type(m).__name__.startswith("DPLSTM") or type(m).__name__ == "DPRNNBase"
+        isinstance(m, torch.nn.RNNBase) or type(m).__name__.startswith("DPLSTM") or type(m).__name__ == "DPRNNBase"
         for m in model.modules()
     )
 

@@ -28,6 +28,7 @@ MF, amplified  ``min_sep``   ``⌈t/b⌉``-fold ``PoissonSampledDpEvent(p, Gauss
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -41,11 +42,10 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from fedsim.errors import FedsimError
+from fedsim.privacy import calibration_memo
 from fedsim.privacy.background import worker
 from fedsim.privacy.mechanisms.registry import is_correlated
-
-#: Schemes whose participation is bounded, as MF accounting needs.
-MF_SCHEMES = ("single", "epochs", "min_sep")
+from fedsim.privacy.participation import MF_SCHEMES as MF_SCHEMES  # re-exported
 
 #: PLD discretization (dp-accounting's PLDAccountant default).
 PLD_DISCRETIZATION = 1e-4
@@ -212,8 +212,10 @@ class AccountingSpec:
         return d
 
 
+@functools.lru_cache(maxsize=128)
 def epsilon(spec: AccountingSpec, rounds: int) -> float:
-    """ε at ``spec.delta`` after ``rounds`` rounds, straight from a dp-accounting accountant."""
+    """ε at ``spec.delta`` after ``rounds`` rounds, straight from a dp-accounting accountant
+    (remembered in this process: the same spec and rounds give the same float)."""
     if rounds <= 0:
         return 0.0
     if spec.mechanism == "none" or spec.no_guarantee:
@@ -340,7 +342,21 @@ class EpsilonCurve:
 
 def calibrate_noise_multiplier(spec: AccountingSpec, rounds: int, target_epsilon: float) -> float:
     """The smallest ``z`` (to dp-accounting's bisection tolerance) whose ε after
-    ``rounds`` rounds is at most ``target_epsilon``; ``spec.noise_multiplier`` is ignored."""
+    ``rounds`` rounds is at most ``target_epsilon``; ``spec.noise_multiplier`` is ignored.
+
+    The search's result is remembered across processes (`fedsim.privacy.calibration_memo`); a
+    remembered ``z`` is returned only when ε at it, computed afresh, is at most the target."""
+    _check_calibratable(spec, target_epsilon)
+    key = calibration_memo.memo_key(spec.to_dict(), rounds, target_epsilon)
+    z = calibration_memo.recall(key)
+    if z is not None and epsilon(replace(spec, noise_multiplier=z), rounds) <= target_epsilon:
+        return z
+    z = _search_noise_multiplier(spec, rounds, target_epsilon)
+    calibration_memo.remember(key, z)
+    return z
+
+
+def _check_calibratable(spec: AccountingSpec, target_epsilon: float) -> None:
     if spec.mechanism == "none":
         raise FedsimError("privacy.target_epsilon needs a DP mechanism, not 'none'")
     if spec.no_guarantee:
@@ -350,6 +366,10 @@ def calibrate_noise_multiplier(spec: AccountingSpec, rounds: int, target_epsilon
         )
     if target_epsilon <= 0:
         raise FedsimError("privacy.target_epsilon must be > 0")
+
+
+def _search_noise_multiplier(spec: AccountingSpec, rounds: int, target_epsilon: float) -> float:
+    """dp-accounting's bracketed search for the smallest ``z`` with ε ≤ ``target_epsilon``."""
 
     def make_event(z: float) -> dp_event.DpEvent:
         return replace(spec, noise_multiplier=float(z)).run_event(rounds)

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from fedsim.errors import FedsimError
 from fedsim.privacy.background import worker
 from fedsim.privacy.rng import PrivacyKey, gaussians
 from fedsim.privacy.stream import Draw, NoiseStream
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 
 def _xi(key: PrivacyKey | int, j: int, dim: int, device: torch.device) -> torch.Tensor:

@@ -247,6 +247,9 @@ class MinSepScheme(GroupScheme):
 
 SCHEMES = ("poisson", "fixed", "single", "epochs", "min_sep")
 
+#: Schemes whose participation is bounded, as MF accounting needs.
+MF_SCHEMES = ("single", "epochs", "min_sep")
+
 
 #: ``K`` of ``poisson``/``fixed``/``single`` when ``sampling.cohort_size`` is not given.
 DEFAULT_COHORT = 40

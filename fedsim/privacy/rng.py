@@ -31,11 +31,15 @@ import math
 import secrets
 import struct
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 #: Bytes of every key (AES-256).
 KEY_BYTES = 32
@@ -171,7 +175,7 @@ def uniforms(key: PrivacyKey, n: int) -> torch.Tensor:
 
 
 def gaussians(
-    key: PrivacyKey, n: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    key: PrivacyKey, n: int, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
 ) -> torch.Tensor:
     """``n`` independent standard normals from the keystream of ``key``.
 
@@ -189,6 +193,7 @@ def gaussians(
     device : output device (generated on the CPU and moved; the same numbers on every device).
     """
     n = int(n)
+    dtype = torch.float32 if dtype is None else dtype
     if n <= 0:
         return torch.zeros(0, dtype=dtype, device=device)
     half = (n + 1) // 2

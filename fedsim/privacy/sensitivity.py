@@ -29,11 +29,16 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from fedsim.errors import FedsimError
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 #: Enumerate min-sep patterns exactly when there are at most this many.
 MAX_ENUMERATED_PATTERNS = 200_000

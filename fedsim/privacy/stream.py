@@ -19,13 +19,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
+
 
 #: ``draw(j)``: the standard normal row ``ξ_j`` of ``Z`` (float32, shape ``(d,)``, on the
 #: stream's device), a pure function of the run's key and ``j``.
-Draw = Callable[[int], torch.Tensor]
+Draw = Callable[[int], "torch.Tensor"]
 
 
 class NoiseStream(ABC):

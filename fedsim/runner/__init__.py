@@ -10,6 +10,14 @@
 Nothing below this layer (the core, ``strategies/``, ``clients/``) imports it.
 """
 
+from fedsim.privacy.plan import (
+    count_releases_per_user,
+    note_max_users,
+    privacy_report,
+    resolve_clipping,
+    resolve_privacy,
+    scheme_of,
+)
 from fedsim.runner.build import (
     SYNTHETIC_ID_PREFIX,
     Deployment,
@@ -17,19 +25,13 @@ from fedsim.runner.build import (
     Run,
     SyntheticUsers,
     build_run,
-    count_releases_per_user,
     make_server_filter,
     make_server_optimizer,
     model_sha256,
-    note_max_users,
     num_workers,
     prepare,
-    privacy_report,
-    resolve_clipping,
     resolve_engine,
-    resolve_privacy,
     resolve_vectorize,
-    scheme_of,
 )
 from fedsim.runner.callbacks import RunCallback
 from fedsim.runner.runner import default_run_dir, make_strategy, make_summary, run_experiment

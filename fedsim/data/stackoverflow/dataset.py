@@ -24,12 +24,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 from pydantic import Field
-from torch import nn
 
 from fedsim.data.base import UserCounts
 from fedsim.data.registry import DatasetKind, LocalDataOptions, check_population, register_dataset, subset
@@ -39,6 +37,11 @@ from fedsim.data.stackoverflow.files import TAG_COUNT, WORD_COUNT, count_file, s
 from fedsim.data.stackoverflow.preprocess import NWPSpec, nwp_accuracy_counts, tag_xy, topk_counts
 from fedsim.data.stackoverflow.vocab import load_tag_vocab, load_word_vocab
 from fedsim.errors import FedsimError
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 CACHE_USERS = 8
 
@@ -187,8 +190,8 @@ class StackOverflowFederated(UserCounts):
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The training loss of a batch (mean)."""
         if self.task == "nwp":
-            return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=0)
-        return nn.functional.binary_cross_entropy_with_logits(out, y)
+            return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=0)
+        return torch.nn.functional.binary_cross_entropy_with_logits(out, y)
 
     def eval_sums(self, out: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """Summable evaluation counts of a batch: ``loss_sum``/``loss_count``, the headline
@@ -196,7 +199,9 @@ class StackOverflowFederated(UserCounts):
         if self.task == "nwp":
             flat_y = y.reshape(-1)
             loss_sum = float(
-                nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), flat_y, ignore_index=0, reduction="sum")
+                torch.nn.functional.cross_entropy(
+                    out.reshape(-1, out.shape[-1]), flat_y, ignore_index=0, reduction="sum"
+                )
             )
             acc = nwp_accuracy_counts(out.argmax(-1), y, self.nwp)
             sums = {"loss_sum": loss_sum, "loss_count": float((flat_y != 0).sum()), "examples": float(len(y))}
@@ -204,7 +209,7 @@ class StackOverflowFederated(UserCounts):
                 sums[f"acc_{name}_correct"], sums[f"acc_{name}_count"] = float(c), float(n)
             sums["correct"], sums["count"] = float(acc["pad_oov_eos"][0]), float(acc["pad_oov_eos"][1])
             return sums
-        per_row = nn.functional.binary_cross_entropy_with_logits(out, y, reduction="none").mean(dim=1)
+        per_row = torch.nn.functional.binary_cross_entropy_with_logits(out, y, reduction="none").mean(dim=1)
         hits, predicted, true = topk_counts(out, y, 5)
         return {
             "loss_sum": float(per_row.sum()),

@@ -18,12 +18,17 @@ in ``tags.split(b'|')`` (OOV tags and the empty tag ignored).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from fedsim.data.stackoverflow.farmhash import hash_bucket
 from fedsim.errors import FedsimError
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 
 @dataclass

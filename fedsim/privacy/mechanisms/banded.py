@@ -56,10 +56,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from fedsim.errors import FedsimError
@@ -68,6 +67,11 @@ from fedsim.privacy.mechanisms.registry import register
 from fedsim.privacy.options import check_optimizer_options
 from fedsim.privacy.participation import ParticipationScheme
 from fedsim.privacy.stream import Draw, NoiseStream
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 __all__ = [
     "Banded",

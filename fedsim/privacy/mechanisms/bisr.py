@@ -45,10 +45,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from fedsim.errors import FedsimError
@@ -58,6 +57,11 @@ from fedsim.privacy.mechanisms.registry import register
 from fedsim.privacy.participation import ParticipationScheme
 from fedsim.privacy.sensitivity import toeplitz_pattern_sensitivity_squared
 from fedsim.privacy.stream import Draw, NoiseStream
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 __all__ = [
     "BISR",

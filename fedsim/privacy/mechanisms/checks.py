@@ -33,13 +33,16 @@ import secrets
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from fedsim.errors import FedsimError
 
 if TYPE_CHECKING:
+    import torch
+
     from fedsim.privacy.mechanisms.base import Strategy
     from fedsim.privacy.stream import NoiseStream
+else:
+    from fedsim._lazy import torch
 
 #: relative tolerance of every numerical check (float64 products; float32 for stream rows).
 TOLERANCE = 1e-6

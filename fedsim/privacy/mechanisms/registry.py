@@ -38,6 +38,12 @@ def get_mechanism(name: str) -> Mechanism:
     return MECHANISMS.get_part(name)
 
 
+def is_shipped(name: str) -> bool:
+    """Whether ``name`` is one of fedsim's own mechanisms (its class is defined in fedsim, not
+    in a plugin): its noise stream is covered by fedsim's tests."""
+    return name in MECHANISMS and type(MECHANISMS[name]).__module__.startswith("fedsim.privacy.mechanisms.")
+
+
 def is_correlated(name: str) -> bool:
     """Whether ``name`` is a matrix-factorization (correlated-noise) mechanism."""
     return name in MECHANISMS and MECHANISMS[name].correlated

@@ -13,13 +13,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
 from fedsim.errors import FedsimError
 from fedsim.registry import ChoiceOptions, Registry
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 
 def _check_update(update: torch.Tensor) -> None:

@@ -16,13 +16,17 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
 from fedsim.errors import FedsimError
 from fedsim.server.filters.base import Filter, FilterKind, FilterOptions, _check_update, register_filter
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 #: Presets of docs/algorithms.md §6 (paper Tables 2 and 4): name -> (b, a), ``a`` without the leading 1.
 PRESETS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {

@@ -12,14 +12,18 @@ helpers for those.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 from pydantic import Field, model_validator
 
 from fedsim.errors import FedsimError
 from fedsim.server.filters.base import Filter, FilterKind, FilterOptions, _check_update, register_filter
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 DEFAULT_KAPPA = 0.7
 DEFAULT_GAMMA = 0.5

@@ -31,13 +31,17 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field
 
 from fedsim.errors import FedsimError
 from fedsim.registry import ChoiceOptions, Registry, validate_options
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from fedsim._lazy import torch
 
 
 class ServerOptimizer(ABC):
