@@ -226,6 +226,13 @@ def privacy(
     set_: SetOpt = None,
     population: Annotated[int | None, typer.Option(help="Population N (what-if; skips loading data).")] = None,
     target_epsilon: Annotated[float | None, typer.Option(help="Calibrate z for this ε instead.")] = None,
+    dim: Annotated[
+        int | None,
+        typer.Option(
+            "--dim",
+            help="The model's number of parameters: also estimate the noise's memory, disk and CPU for the run.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Print ε (or, with --target-epsilon, the calibrated noise multiplier) without training.
@@ -246,7 +253,7 @@ def privacy(
         note_max_users(cfg, population)
     if population < 1:
         raise FedsimError("--population must be ≥ 1")
-    report = privacy_report(cfg, population)
+    report = privacy_report(cfg, population, dim)
     from fedsim.privacy.display import format_delta, format_epsilon
 
     if as_json:
@@ -270,6 +277,24 @@ def privacy(
             )
         for note in report.get("notes", []):
             typer.echo(f"note: {note}")
+        if "noise_cost" in report:
+            typer.echo(_cost_line(report["mechanism"], report["rounds"], report["noise_cost"]))
+
+
+def _cost_line(mechanism: str, rounds: int, cost: dict[str, Any]) -> str:
+    """`fedsim privacy --dim`'s estimate of the noise's cost, in one line."""
+    line = (
+        f"{mechanism} noise at d = {cost['dim']:,}: {cost['state_bytes'] / 2**20:,.0f} MiB of state in memory, "
+        f"about {cost['row_cpu_ms']:,.0f} ms of CPU a round ({cost['run_cpu_s'] / 60:,.1f} CPU-minutes over {rounds} rounds)"
+    )
+    if cost["disk_bytes"]:
+        line += (
+            f", a {cost['disk_bytes'] / 1e9:,.1f} GB noise table on disk (built at round 1, about "
+            f"{cost['table_build_cpu_s'] / 60:,.1f} CPU-minutes; deleted when the run ends)"
+        )
+    if not cost["fits_memory"]:
+        line += "; its state does NOT fit this machine's available memory: use privacy.mechanism = 'blt' or 'banded'"
+    return line + " (estimates on this machine)"
 
 
 def _load_with_target(config: Path | None, overrides: list[str], target: float):

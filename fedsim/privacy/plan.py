@@ -159,7 +159,7 @@ def mf_plan(cfg: Config, spec: AccountingSpec, scheme: ParticipationScheme, prob
     return plan_mf(cfg.privacy.mechanism_options(), scheme, cfg.rounds, momentum=beta, probe_stream=probe_stream)
 
 
-def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
+def privacy_report(cfg: Config, population: int, dim: int | None = None) -> dict[str, Any]:
     """What ``fedsim privacy --json`` prints: ε after ``cfg.rounds`` rounds without training.
 
     The checks ``fedsim run`` makes before it starts are made here too (the MF plan included),
@@ -170,6 +170,7 @@ def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
     # no noise is drawn here: fedsim's own streams (tested) are not probed, a plugin's is
     plan = mf_plan(cfg, spec, scheme, probe_stream=not is_shipped(spec.mechanism))
     eps = epsilon(spec, cfg.rounds)
+    cost = None if dim is None else noise_cost_of(cfg, spec, plan, dim)
     _, split = resolve_clipping(cfg, spec, scheme)
     notes = []
     if cfg.client.error_feedback == "server":
@@ -195,4 +196,35 @@ def privacy_report(cfg: Config, population: int) -> dict[str, Any]:
         # for MF noise, 1 (add/remove) or 2 (replace one) for independent noise
         "sensitivity_in_c": spec.sensitivity_in_c if plan is None else plan.sens,
         "sensitivity_exact": True if plan is None else plan.sens_exact,
+        **({} if cost is None else {"noise_cost": cost}),
     }
+
+
+def noise_cost_of(cfg: Config, spec: AccountingSpec, plan: MFPlan | None, dim: int) -> dict[str, Any]:
+    """The noise's memory, disk and CPU for `cfg`'s run at `dim` parameters
+    (`fedsim.privacy.cost.noise_cost`), with `fits_memory`: whether its state fits this
+    machine's available memory (a note names the mechanisms whose state is a few rows)."""
+    from fedsim.privacy.cost import noise_cost
+    from fedsim.privacy.mechanisms import get_mechanism
+    from fedsim.resources import available_memory_bytes
+
+    if dim < 1:
+        raise FedsimError(f"--dim {dim}: the model's number of parameters is at least 1")
+    mech = get_mechanism(spec.mechanism)
+    if plan is not None:
+        cost = noise_cost(
+            lambda: mech.stream(plan), cfg.rounds, dim, cfg.privacy.noise_memory_mib << 20, cfg.privacy.noise_table
+        )
+    elif spec.mechanism == "none":
+        cost = {
+            "dim": dim,
+            "state_bytes": 0,
+            "disk_bytes": 0,
+            "row_cpu_ms": 0.0,
+            "run_cpu_s": 0.0,
+            "table_build_cpu_s": 0.0,
+        }
+    else:
+        cost = noise_cost(mech.independent_stream, cfg.rounds, dim, cfg.privacy.noise_memory_mib << 20)
+    cost["fits_memory"] = bool(cost["state_bytes"] <= available_memory_bytes())
+    return cost
