@@ -81,6 +81,7 @@ def population_case(n_users: int, scheme: str, train_seconds: float) -> dict[str
         "sim.engine='inprocess'",
         "sim.num_workers=1",
         "eval.every=0",
+        "eval.max_users=1000",  # a seeded thousand, as a user of 10⁶+ users evaluates (not all of them)
     ]
     if scheme == "poisson":
         sets += ["sampling.scheme='poisson'", "sampling.cohort_size=167", "privacy.mechanism='gaussian'"]

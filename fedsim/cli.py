@@ -278,23 +278,9 @@ def privacy(
         for note in report.get("notes", []):
             typer.echo(f"note: {note}")
         if "noise_cost" in report:
-            typer.echo(_cost_line(report["mechanism"], report["rounds"], report["noise_cost"]))
+            from fedsim.privacy.cost import describe_cost
 
-
-def _cost_line(mechanism: str, rounds: int, cost: dict[str, Any]) -> str:
-    """`fedsim privacy --dim`'s estimate of the noise's cost, in one line."""
-    line = (
-        f"{mechanism} noise at d = {cost['dim']:,}: {cost['state_bytes'] / 2**20:,.0f} MiB of state in memory, "
-        f"about {cost['row_cpu_ms']:,.0f} ms of CPU a round ({cost['run_cpu_s'] / 60:,.1f} CPU-minutes over {rounds} rounds)"
-    )
-    if cost["disk_bytes"]:
-        line += (
-            f", a {cost['disk_bytes'] / 1e9:,.1f} GB noise table on disk (built at round 1, about "
-            f"{cost['table_build_cpu_s'] / 60:,.1f} CPU-minutes; deleted when the run ends)"
-        )
-    if not cost["fits_memory"]:
-        line += "; its state does NOT fit this machine's available memory: use privacy.mechanism = 'blt' or 'banded'"
-    return line + " (estimates on this machine)"
+            typer.echo(describe_cost(report["mechanism"], report["rounds"], report["noise_cost"]))
 
 
 def _load_with_target(config: Path | None, overrides: list[str], target: float):

@@ -384,6 +384,8 @@ def test_the_python_api_prints_progress_at_a_terminal_only(capsys, tmp_path, mon
     fedsim.run(None, tmp_path / "run", overrides=[*SMALL, "rounds=1"])
     got = capsys.readouterr()
     assert ("round 1/1" in got.err) == terminal and ("fedsim: " in got.out) == terminal
+    # the header states the noise's cost before round 1 (fedsim/privacy/cost.py)
+    assert (" of state in memory, about " in got.out and "ms of CPU a round" in got.out) == terminal
 
 
 def _cli_in_fresh_interpreter(args: list[str], cwd, watch: tuple[str, ...]) -> tuple[dict, str]:

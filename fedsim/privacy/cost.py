@@ -128,3 +128,37 @@ def noise_cost(make_stream: Any, rounds: int, dim: int, memory_budget: int, nois
     out["row_cpu_ms"] = 1e3 * row
     out["run_cpu_s"] = row * rounds
     return out
+
+
+def describe_cost(mechanism: str, rounds: int, cost: dict[str, Any]) -> str:
+    """`noise_cost`'s estimate in one line (`fedsim privacy --dim` and a run's header).
+
+    Parameters
+    ----------
+    mechanism : str
+        The mechanism's name.
+    rounds : int
+        Rounds of the run.
+    cost : dict
+        What `noise_cost` returned, with `fits_memory`.
+    """
+    line = (
+        f"{mechanism} noise at d = {cost['dim']:,}: {_mib(cost['state_bytes'])} of state in memory, about "
+        f"{cost['row_cpu_ms']:,.3g} ms of CPU a round ({_cpu(cost['run_cpu_s'])} over {rounds} rounds)"
+    )
+    if cost["disk_bytes"]:
+        line += (
+            f", a {cost['disk_bytes'] / 1e9:,.1f} GB noise table on disk (built at round 1, about "
+            f"{_cpu(cost['table_build_cpu_s'])}; deleted when the run ends)"
+        )
+    if not cost["fits_memory"]:
+        line += "; its state does NOT fit this machine's available memory: use privacy.mechanism = 'blt' or 'banded'"
+    return line + " (estimates on this machine)"
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n >= 10 * 2**20 else f"{n / 2**20:.2g} MiB"
+
+
+def _cpu(seconds: float) -> str:
+    return f"{seconds / 60:,.1f} CPU-minutes" if seconds >= 120 else f"{seconds:.2g} CPU-seconds"

@@ -29,7 +29,9 @@ from fedsim.config import Config
 from fedsim.errors import FedsimError, writing
 from fedsim.interrupt import RunInterrupted, StopRequest
 from fedsim.privacy.accounting import RELATION_LABELS
+from fedsim.privacy.cost import describe_cost
 from fedsim.privacy.display import format_delta
+from fedsim.privacy.plan import noise_cost_of
 from fedsim.reporting.metrics import SIDE_STATISTICS_NOTE
 from fedsim.runner.build import Deployment, Run, SyntheticUsers, build_run, model_sha256
 from fedsim.runner.callbacks import (
@@ -288,6 +290,7 @@ def print_header(run: Run, out: Path) -> None:
         f"{n_workers} {workers} → {out}",
         flush=True,
     )
+    print(f"fedsim: {describe_cost(spec.mechanism, cfg.rounds, noise_cost_of(cfg, spec, prep.plan, prep.num_params))}")
     for note in run.notes:
         print(f"fedsim: {note}", flush=True)
     if cfg.privacy.unit == "example":
