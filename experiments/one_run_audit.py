@@ -325,22 +325,24 @@ def goals_table(rows: list[dict[str, Any]]) -> str:
     and `fdp`, and whether the ceiling and the measured mean reach ½ε (`fdp`)."""
     import numpy as np
 
-    groups: dict[tuple[float, int, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, float, int, str], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["target_epsilon"], r["num_canaries"], r.get("directions", "random")), []).append(r)
+        if r["mechanism"].startswith("gaussian"):  # the goal is about Gaussian noise
+            key = (r["mechanism"], r["target_epsilon"], r["num_canaries"], r.get("directions", "random"))
+            groups.setdefault(key, []).append(r)
     lines = [
-        "| ledger ε | ½ε | m | canaries | d | seeds | ceiling snj | measured snj | ceiling fdp | measured fdp "
+        "| noise | ledger ε | ½ε | m | canaries | d | seeds | ceiling snj | measured snj | ceiling fdp | measured fdp "
         "| ½ε reached: ceiling / measured (seeds) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for (eps, m, directions), rs in sorted(groups.items()):
+    for (mech, eps, m, directions), rs in sorted(groups.items()):
         led = rs[0]["ledger_epsilon"]
         ideal = ceiling(led, rs[0]["delta"], m, 10 if m >= 10**6 else 20)
         got = {k: [r["bounds"][f"every-model/{k}"]["epsilon"] for r in rs] for k in ("snj", "fdp")}
         hits = sum(e >= led / 2 for e in got["fdp"])
         yes = {True: "yes", False: "no"}
         lines.append(
-            f"| {eps:g} | {eps / 2:g} | {m:,} | {directions} | {rs[0]['dimension']:,} | {len(rs)} "
+            f"| {mech} | {eps:g} | {eps / 2:g} | {m:,} | {directions} | {rs[0]['dimension']:,} | {len(rs)} "
             f"| {ideal['snj'][0]:.2f} ± {ideal['snj'][1]:.2f} | {np.mean(got['snj']):.2f} ± {np.std(got['snj']):.2f} "
             f"| {ideal['fdp'][0]:.2f} ± {ideal['fdp'][1]:.2f} | {np.mean(got['fdp']):.2f} ± {np.std(got['fdp']):.2f} "
             f"| {yes[ideal['fdp'][0] >= led / 2]} / {yes[float(np.mean(got['fdp'])) >= led / 2]} ({hits} of {len(rs)}) |"
@@ -450,7 +452,7 @@ def main() -> None:
         old_rows, old_cost = old["rows"], old.get("timing")
     rows = old_rows + rows
     cost = cost or old_cost
-    md = table(rows)
+    md = table(rows) + "\n\n" + goals_table(rows)
     print(md)
     if cost is not None:
         print(json.dumps({"timing": cost}))
