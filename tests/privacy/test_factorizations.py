@@ -189,14 +189,17 @@ def test_dense_momentum_workload() -> None:
 @pytest.mark.parametrize("workload", ["prefix", "momentum"])
 def test_dense_torch_path_equals_numpy(workload: str) -> None:
     """The torch path (the one that runs on a GPU with device="cuda"), here on the CPU, solves
-    the same fixed point: same iteration count, C and loss equal to numpy's within 1e-9."""
+    the same fixed point: C and loss equal to numpy's within 1e-9. The Anderson extrapolation
+    feels the last bits of the eigendecompositions, so the iteration counts may differ a little
+    (76 and 82 here for the momentum workload)."""
     n = 48
     A = prefix_sum(n) if workload == "prefix" else momentum(n, 0.9, np.linspace(1.0, 0.2, n))
     ref = dense(A)
     got = dense(A, device="cpu")
     _check_valid(got)
     assert got.info["device"] == "cpu" and ref.info["device"] == "numpy"
-    assert got.info["converged"] and abs(got.info["iterations"] - ref.info["iterations"]) <= 1
+    assert got.info["converged"] and ref.info["converged"]
+    assert abs(got.info["iterations"] - ref.info["iterations"]) <= 0.2 * ref.info["iterations"]
     assert _rel(got.C, ref.C) < 1e-9
     assert got.loss() == pytest.approx(ref.loss(), rel=1e-10)
     assert abs(got.info["rel_gap"]) < 1e-8

@@ -9,9 +9,11 @@ single-participation solve. Under ``min_sep`` the multi-participation optimum is
 the optimal ``b``-banded ``C``. The sensitivity of the returned ``C`` is computed afterwards for the
 scheme either way (:meth:`~fedsim.privacy.mechanisms.base.Strategy.sensitivity`).
 
-Decisions where the specification is silent: the iteration starts at ``v = 1``, stops when
-the largest relative change of ``v`` is below ``tol``, and then rescales ``X`` to an exact unit
-diagonal (so every column of ``C`` has norm 1 and ``sens = 1`` under single participation). The
+Decisions where the specification is silent: the iteration starts at ``v = 1`` and is
+Anderson-accelerated in ``log v`` (:func:`_anderson_fixed_point`; issue 46: about 5 times fewer
+eigendecompositions than the plain iteration, e.g. 35 against 193 at ``n = 256``), stops when the
+largest relative change ``|G(v) − v| / v`` of the plain step at the current point is below ``tol``
+(the plain iteration's rule), and then rescales ``X`` to an exact unit diagonal (so every column of ``C`` has norm 1 and ``sens = 1`` under single participation). The
 gap it reports is the Lagrangian duality gap of ``min tr(W X⁻¹) s.t. diag X ≤ 1``: dual value
 ``2·tr((V^{1/2} W V^{1/2})^{1/2}) − Σ v`` (a lower bound for every ``v > 0``) against the primal
 ``‖A·C⁻¹‖_F²`` of the returned ``C``. Results are cached on disk
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -34,6 +37,15 @@ from fedsim.privacy.mechanisms.linalg import lower_factor, torch_device
 from fedsim.privacy.mechanisms.registry import register
 from fedsim.privacy.participation import ParticipationScheme
 
+#: Anderson acceleration of the fixed point: how many past steps each extrapolation mixes.
+ANDERSON_MEMORY = 10
+#: An extrapolated point whose residual is more than this many times the previous one is
+#: rejected: the plain step from the previous point is taken instead and the history cleared.
+ANDERSON_GUARD = 2.0
+#: The single-participation solver; part of the cache key of ``dense`` and ``dpmf_plus``, so that
+#: a solution cached by another solver (the plain iteration before issue 46) is recomputed.
+SOLVER = "anderson-fixed-point"
+
 
 def _sqrt_psd(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Eigen-decomposition of symmetric PSD ``M``: returns ``(√eigenvalues, eigenvectors)``."""
@@ -41,25 +53,72 @@ def _sqrt_psd(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.sqrt(np.clip(e, 0.0, None)), U
 
 
-def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int) -> tuple[Any, Any, Any, int, float, bool]:
-    """The fixed point of :func:`dense` in numpy; returns ``(v, √e, X, iterations, change, converged)``."""
-    n = W.shape[0]
+def _anderson_fixed_point(
+    step: Callable[[np.ndarray], tuple[np.ndarray, Any]], n: int, tol: float, max_iter: int
+) -> tuple[np.ndarray, Any, int, float, bool]:
+    """The fixed point ``v = G(v)`` of the dual multipliers, Anderson-accelerated in ``log v``.
+
+    ``step(v)`` returns ``(G(v), aux)`` (``aux``: the eigendecomposition at ``v``). Each iteration
+    evaluates ``G`` once at the current point ``v``; it stops when
+    ``max_i |G(v)_i − v_i| / |v_i| < tol`` (the plain iteration's rule, at the point where ``G``
+    was evaluated). The next point mixes the last ``ANDERSON_MEMORY + 1`` steps: with
+    ``x = log v``, ``f = log G(v) − x`` and the differences ``ΔX``, ``ΔF`` of past ``x`` and ``f``,
+    ``x ← x + f − (ΔX + ΔF)·γ``, ``γ = argmin ‖f − ΔF·γ‖₂`` (type-II Anderson acceleration,
+    which converges like a quasi-Newton method where the plain step ``x ← x + f`` converges only
+    linearly). Safeguard: a point whose largest ``|f|`` exceeds ``ANDERSON_GUARD`` times the
+    previous point's is dropped for the plain step ``G`` of the previous point, and the history
+    is cleared.
+
+    Returns ``(v, aux, iterations, change, converged)``: ``v`` the last point at which ``G``
+    was evaluated, ``aux`` its eigendecomposition, ``change`` its relative step.
+    """
     v = np.ones(n)
-    change = np.inf
-    iterations = 0
-    converged = False
+    xs: list[np.ndarray] = []
+    fs: list[np.ndarray] = []
+    previous: tuple[float, np.ndarray] | None = None  # (largest |f|, G) at the last accepted point
+    at, aux, change, converged, iterations = v, None, float("inf"), False, 0
     for iterations in range(1, max_iter + 1):  # noqa: B007 - read after the loop
-        s = np.sqrt(v)
-        root_e, U = _sqrt_psd(s[:, None] * W * s[None, :])
-        v_new = (U * U) @ root_e  # diag(U diag(√e) Uᵀ)
-        change = float(np.max(np.abs(v_new - v) / np.abs(v)))
-        v = v_new
+        at = v
+        g, aux = step(at)
+        _check_multipliers(g)
+        change = float(np.max(np.abs(g - at) / np.abs(at)))
         if change < tol:
             converged = True
             break
-    _check_multipliers(v)
+        x = np.log(at)
+        f = np.log(g) - x
+        residual = float(np.max(np.abs(f)))
+        if previous is not None and residual > ANDERSON_GUARD * previous[0]:
+            v = previous[1]
+            xs.clear()
+            fs.clear()
+            previous = None
+            continue
+        previous = (residual, g)
+        xs.append(x)
+        fs.append(f)
+        del xs[: -(ANDERSON_MEMORY + 1)], fs[: -(ANDERSON_MEMORY + 1)]
+        if len(xs) < 2:
+            v = g
+            continue
+        dF = np.diff(np.array(fs), axis=0).T
+        dX = np.diff(np.array(xs), axis=0).T
+        gamma = np.linalg.lstsq(dF, f, rcond=None)[0]
+        nxt = np.exp(x + f - (dX + dF) @ gamma)
+        v = nxt if np.all(np.isfinite(nxt)) and np.all(nxt > 0) else g
+    return at, aux, iterations, change, converged
+
+
+def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int) -> tuple[Any, Any, Any, int, float, bool]:
+    """The fixed point of :func:`dense` in numpy; returns ``(v, √e, X, iterations, change, converged)``."""
+
+    def step(v: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        s = np.sqrt(v)
+        root_e, U = _sqrt_psd(s[:, None] * W * s[None, :])
+        return (U * U) @ root_e, (root_e, U)  # diag(U diag(√e) Uᵀ)
+
+    v, (root_e, U), iterations, change, converged = _anderson_fixed_point(step, W.shape[0], tol, max_iter)
     s = np.sqrt(v)
-    root_e, U = _sqrt_psd(s[:, None] * W * s[None, :])
     X = (U * root_e) @ U.T / np.outer(s, s)
     return v, root_e, X, iterations, change, converged
 
@@ -67,33 +126,23 @@ def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int) -> tuple[Any,
 def _dense_iterate_torch(
     W: np.ndarray, tol: float, max_iter: int, device: str
 ) -> tuple[Any, Any, Any, int, float, bool]:
-    """The same fixed point in torch float64 on ``device`` (the GPU path); same returns."""
+    """The same fixed point with the eigendecompositions in torch float64 on ``device`` (the GPU
+    path); same returns."""
     import torch
 
     dev = torch_device(device)
     Wt = torch.as_tensor(W, dtype=torch.float64, device=dev)
 
-    def sqrt_psd(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(v: np.ndarray) -> tuple[np.ndarray, tuple[Any, Any]]:
+        s = torch.as_tensor(v, dtype=torch.float64, device=dev).sqrt()
         e, U = torch.linalg.eigh(s[:, None] * Wt * s[None, :])
-        return e.clamp_min(0.0).sqrt(), U
+        root_e = e.clamp_min(0.0).sqrt()
+        return ((U * U) @ root_e).cpu().numpy(), (root_e, U)
 
-    v = torch.ones(W.shape[0], dtype=torch.float64, device=dev)
-    change = float("inf")
-    iterations = 0
-    converged = False
-    for iterations in range(1, max_iter + 1):  # noqa: B007 - read after the loop
-        root_e, U = sqrt_psd(v.sqrt())
-        v_new = (U * U) @ root_e
-        change = float(((v_new - v).abs() / v.abs()).max())
-        v = v_new
-        if change < tol:
-            converged = True
-            break
-    _check_multipliers(v.cpu().numpy())
-    s = v.sqrt()
-    root_e, U = sqrt_psd(s)
+    v, (root_e, U), iterations, change, converged = _anderson_fixed_point(step, W.shape[0], tol, max_iter)
+    s = torch.as_tensor(v, dtype=torch.float64, device=dev).sqrt()
     X = (U * root_e) @ U.T / torch.outer(s, s)
-    return (v.cpu().numpy(), root_e.cpu().numpy(), X.cpu().numpy(), iterations, change, converged)
+    return v, root_e.cpu().numpy(), X.cpu().numpy(), iterations, change, converged
 
 
 def _check_multipliers(v: np.ndarray) -> None:
@@ -108,8 +157,8 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str
     """Optimal factorization for ``‖B‖_F`` under single participation (Denisov et al. 2022).
 
     Minimises ``tr(W X⁻¹)`` over ``X = CᵀC`` with ``diag X = 1``, ``W = AᵀA``, by the
-    fixed-point iteration ``v ← diag((V^{1/2} W V^{1/2})^{1/2})``, ``V = diag(v)``, from
-    ``v = 1``. Then ``X = V^{−1/2}(V^{1/2} W V^{1/2})^{1/2}V^{−1/2}`` (rescaled to an exact
+    fixed point ``v = diag((V^{1/2} W V^{1/2})^{1/2})``, ``V = diag(v)``, from ``v = 1``, with
+    Anderson acceleration (one eigendecomposition per iteration). Then ``X = V^{−1/2}(V^{1/2} W V^{1/2})^{1/2}V^{−1/2}`` (rescaled to an exact
     unit diagonal), ``C = J·Lᵀ·J`` with ``L = chol(J·X·J)``, and ``B = A·C⁻¹``.
     ``O(n³)`` per iteration; :func:`factorize_dense` caches the result on disk.
 
@@ -118,9 +167,11 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str
     A : np.ndarray
         The ``n×n`` lower-triangular workload.
     tol : float, optional
-        Stop when ``max_i |v_new,i − v_i| / |v_i| < tol``. Default ``1e-10``.
+        Stop when ``max_i |G(v)_i − v_i| / |v_i| < tol`` at the current ``v``, ``G`` the plain
+        fixed-point step. Default ``1e-10``.
     max_iter : int, optional
-        Iteration cap (default 10 000); reaching it warns and sets ``converged=False``.
+        Cap on the iterations, i.e. on the eigendecompositions (default 10 000); reaching it
+        warns and sets ``converged=False``.
     device : str or None, optional
         ``None`` (default): the iteration runs in numpy on the CPU. A torch device string
         (``"cuda"``, ``"cuda:1"``, ``"cpu"``): the iteration and the final eigen-decomposition
@@ -133,7 +184,7 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str
     Factorization
         ``C`` lower-triangular with unit-norm columns (``sens = 1``). ``info`` holds
         ``iterations``, ``seconds``, ``converged``, ``tolerance``, ``max_iter``,
-        ``max_rel_change`` (last step), ``primal`` (``‖B‖_F²``), ``dual`` (Lagrangian
+        ``max_rel_change`` (last step), ``solver``, ``primal`` (``‖B‖_F²``), ``dual`` (Lagrangian
         lower bound) and ``rel_gap`` (``(primal − dual)/primal``).
     """
     A = check_workload(A)
@@ -171,6 +222,7 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str
         "max_iter": int(max_iter),
         "max_rel_change": change,
         "device": "numpy" if device is None else str(device),
+        "solver": SOLVER,
         "primal": primal,
         "dual": dual,
         "rel_gap": (primal - dual) / primal,
@@ -181,8 +233,8 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str
 def factorize_dense(
     A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str | None = None, cache: bool = True
 ) -> Factorization:
-    """:func:`dense`, memoised on disk (key: ``A``, ``n``, ``tol``, ``max_iter``; not the device —
-    both paths solve the same problem to the same ``tol``).
+    """:func:`dense`, memoised on disk (key: ``A``, ``n``, ``tol``, ``max_iter`` and :data:`SOLVER`;
+    not the device — both paths solve the same problem to the same ``tol``).
 
     Parameters
     ----------
@@ -196,7 +248,7 @@ def factorize_dense(
 
     if not cache:
         return compute()
-    return cached("dense", compute, A=A, n=A.shape[0], tol=float(tol), max_iter=max_iter)
+    return cached("dense", compute, A=A, n=A.shape[0], tol=float(tol), max_iter=max_iter, solver=SOLVER)
 
 
 class DenseFamilyOptions(MFOptions):

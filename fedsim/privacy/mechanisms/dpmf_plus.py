@@ -18,7 +18,7 @@ from pydantic import Field
 from fedsim.errors import FedsimError
 from fedsim.privacy.factorizations import Factorization, cached, check_workload, right_divide_lower
 from fedsim.privacy.mechanisms.base import DenseStrategy, Mechanism, MechanismOptions, Strategy
-from fedsim.privacy.mechanisms.dense import DenseFamilyOptions, dense
+from fedsim.privacy.mechanisms.dense import SOLVER, DenseFamilyOptions, dense
 from fedsim.privacy.mechanisms.registry import register
 from fedsim.privacy.participation import ParticipationScheme
 
@@ -114,8 +114,8 @@ def factorize_dpmf_plus(
     cache: bool = True,
     participation: tuple[str, int, int] | None = None,
 ) -> Factorization:
-    """:func:`dpmf_plus`, memoised on disk (key: ``A``, ``n``, ``τ``, ``tol``, ``max_iter``, and the
-    participation when it is not single).
+    """:func:`dpmf_plus`, memoised on disk (key: ``A``, ``n``, ``τ``, ``tol``, ``max_iter`` and the
+    solver, or the participation when it is not single).
 
     Parameters
     ----------
@@ -140,8 +140,12 @@ def factorize_dpmf_plus(
         return compute()
     if participation is not None:
         name, k, b = participation
+        if name == "min_sep":  # the banded optimiser's evaluator changed in issue 46
+            from fedsim.privacy.mechanisms.banded import EVALUATOR
+
+            return cached(f"dpmf_plus_{name}", compute, A=A, n=n, tau=t, scheme=name, k=k, b=b, evaluator=EVALUATOR)
         return cached(f"dpmf_plus_{name}", compute, A=A, n=n, tau=t, scheme=name, k=k, b=b)
-    return cached("dpmf_plus", compute, A=A, n=n, tau=t, tol=float(tol), max_iter=max_iter)
+    return cached("dpmf_plus", compute, A=A, n=n, tau=t, tol=float(tol), max_iter=max_iter, solver=SOLVER)
 
 
 class DPMFPlusOptions(DenseFamilyOptions):

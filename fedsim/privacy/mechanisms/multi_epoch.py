@@ -298,7 +298,8 @@ def factorize_for_participation(
     cache: bool = True,
 ) -> Factorization:
     """The ``dense`` optimum of ``A`` for a multi-participation scheme, memoised on disk (key:
-    ``A``, the scheme, ``tol``, ``max_iter``).
+    ``A``, the scheme, ``tol``, ``max_iter``; under ``min_sep`` also the banded optimiser's
+    evaluator).
 
     Parameters
     ----------
@@ -321,4 +322,8 @@ def factorize_for_participation(
     if not cache:
         return compute()
     key = {"A": A, "n": A.shape[0], "scheme": name, "k": k, "b": b, "tol": float(tol), "max_iter": max_iter}
+    if name == "min_sep":  # the banded optimiser's evaluator changed in issue 46: recompute older solutions
+        from fedsim.privacy.mechanisms.banded import EVALUATOR
+
+        key["evaluator"] = EVALUATOR
     return cached(f"dense_{name}", compute, **key)
