@@ -119,7 +119,7 @@ def test_cli_one_run(tmp_path, capsys):
         args += ["--set", o]
     code, out, err = run_cli(capsys, *args)
     assert code == 0, err
-    assert "one-run audit: 100 canaries" in out and "every-model" in out and "final-model" in out
+    assert "one-run audit: 100 gradient canaries" in out and "every-model" in out and "final-model" in out
     assert "ceiling for m" in out and "guesses correct" in out
     code, _, err = run_cli(capsys, "audit", "--attack", "one-run", "--attack", "canary", "--out", str(tmp_path / "d"))
     assert code == 2 and len(err.strip().splitlines()) == 1 and "runs alone" in err
