@@ -1,23 +1,27 @@
-"""One-run audit goals table (issue 48): ε lower bounds from m = 1000 gradient canaries against
-the ledger's ε, for independent Gaussian noise and for BLT and banded MF noise, and the wall-time
+"""One-run audit goals tables (issue 48): ε lower bounds from gradient canaries against the
+ledger's ε and against the ceiling (the ideal attack on the exact Gaussian mechanism at that m),
+for independent Gaussian noise and for BLT and banded MF noise; text canaries; the wall-time
 cost of an audit against a plain run.
 
-Every arm is `fedsim.runner.audit.run_one_run_audit` on a small Shakespeare run that fits a
-2-core machine: `shakespeare_lstm_small` (59,232 parameters), 30 real users, 10 rounds,
-δ = 1e-5, the in-process engine. Arms:
+Every gradient arm is `fedsim.runner.audit.run_one_run_audit`, δ = 1e-5, the in-process engine:
 
-- `gaussian`: independent Gaussian noise, Poisson sampling with K̄ = 265 (q ≈ 1/2 of the ≈ 530
-  users the audit trains on), ε ∈ {1, 2, 4, 8};
-- `identity`, `blt`, `banded`: matrix-factorization noise (identity = independent noise without
-  amplification), fixed epochs: 5 keyed groups, round t trains group t mod 5, each user
-  twice (min_sep = 5, max_participations = 2), ε ∈ {1, 2, 4, 8};
-  MF arms report the decorrelated every-model statistic and the raw one.
+- `gaussian`, `identity`, `blt`, `banded` (default, m = 1000): a small Shakespeare run,
+  `shakespeare_lstm_small` (59,232 parameters), 30 real users, 10 rounds. `gaussian`: Poisson
+  with K̄ = 265 (q ≈ 1/2 of the ≈ 530 users the audit trains on); the others (identity =
+  independent noise without amplification): fixed epochs, 5 keyed groups, each user twice
+  (min_sep = 5, max_participations = 2); MF arms report the decorrelated every-model statistic
+  and the raw one.
+- `gaussian-full`: 30 generated users, logistic regression with d = 10·(features + 1), every
+  user in every round (so each canary sees exactly the accounted Gaussian mechanism), any m;
+  with `--directions orthogonal` m can reach d.
 
-Run (one arm at a time, about a minute each)::
+Runs (docs/howto/audit.md and experiments/README.md give every command)::
 
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/one_run_audit.py --json experiments/one_run_audit.json
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/one_run_audit.py --seeds 0,1,2 --json experiments/one_run_audit.json
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/one_run_audit.py --ceiling 1000,10000,100000,1000000
+    .venv/bin/python experiments/one_run_audit.py --table experiments/one_run_audit_large_m.json
 
-It prints a markdown table (also written next to the JSON as .md).
+It prints markdown tables (also written next to the JSON as .md).
 """
 
 from __future__ import annotations
