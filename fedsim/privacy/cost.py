@@ -102,14 +102,18 @@ def noise_cost(make_stream: Any, rounds: int, dim: int, memory_budget: int, nois
     k = max(1, min(PROBE_ROUNDS, int(rounds)))
     small = 64
     probe, _ = _stepped(make_stream, small, k)
-    _, seconds = _stepped(make_stream, PROBE_DIM, k + 1)
-    seconds = seconds[1:]  # the first row pays one-off allocations
+    # one row more than probed, within the run's rounds: the first row pays one-off allocations and
+    # is left out, unless it is the run's only row
+    steps = min(k + 1, max(int(rounds), 1))
+    _, seconds = _stepped(make_stream, PROBE_DIM, steps)
+    first = 1 if steps > 1 else 0
+    seconds = seconds[first:]
     scale = dim / PROBE_DIM
     out: dict[str, Any] = {"dim": int(dim), "disk_bytes": 0, "table_build_cpu_s": 0.0}
     if isinstance(probe, MatrixStream):
         n, m = probe.noising.shape
-        a, b = _linear_fit(seconds)  # row t combines t + 1 rows of ξ: linear in t (t = 1 … k here)
-        a = max(a - b, 0.0)
+        a, b = _linear_fit(seconds)  # row t combines t + 1 rows of ξ: linear in t (t = first … steps - 1)
+        a = max(a - first * b, 0.0)
         history = m * dim * 4
         if history <= memory_budget or not noise_table:
             # every ξ row kept in memory (or, past the budget without a table, redrawn)

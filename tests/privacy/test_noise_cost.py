@@ -81,3 +81,29 @@ def test_a_dimension_below_one_is_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         main(["privacy", "--set", "privacy.accountant=rdp", "--population", "848", "--dim", "0"])
     assert e.value.code == 2 and "--dim 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+@pytest.mark.parametrize("mechanism", ["dense", "sqrt", "banded"])
+def test_a_run_shorter_than_the_probe_is_costed_without_stepping_past_its_last_round(mechanism, rounds):
+    """A run's header costs its noise before round 1: a 3-round sqrt deployment used to stop there
+    with "index 3 is out of bounds" (the timing probe stepped one row past the run)."""
+    d = 10_000
+    plan = plan_mf(mechanism, make_scheme("epochs", 400, 400 // rounds, rounds=rounds), rounds)
+    cost = noise_cost(lambda: get_mechanism(mechanism).stream(plan), rounds, d, 1 << 30, True)
+    if mechanism == "banded":
+        from fedsim.privacy.sensitivity import num_bands
+
+        assert cost["state_bytes"] == (num_bands(plan.C) - 1) * d * 4
+    else:
+        assert cost["state_bytes"] == rounds * d * 4 and cost["disk_bytes"] == 0
+    assert cost["run_cpu_s"] >= 0 and cost["row_cpu_ms"] >= 0
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_a_run_shorter_than_the_probe_is_stepped_within_its_rounds(rounds):
+    """A banded stream refuses a round past its n: the probe stays within the run's rounds."""
+    scheme = make_scheme("epochs", 400, 50, rounds=rounds)
+    plan = plan_mf("banded", scheme, rounds, bands=2)
+    cost = noise_cost(lambda: get_mechanism("banded").stream(plan), rounds, 1000, 1 << 30)
+    assert cost["row_cpu_ms"] >= 0 and cost["run_cpu_s"] >= 0
