@@ -104,6 +104,6 @@ def test_a_run_shorter_than_the_probe_is_costed_without_stepping_past_its_last_r
 def test_a_run_shorter_than_the_probe_is_stepped_within_its_rounds(rounds):
     """A banded stream refuses a round past its n: the probe stays within the run's rounds."""
     scheme = make_scheme("epochs", 400, 50, rounds=rounds)
-    plan = plan_mf("banded", scheme, rounds, bands=2)
+    plan = plan_mf("banded", scheme, rounds, bands=rounds)
     cost = noise_cost(lambda: get_mechanism("banded").stream(plan), rounds, 1000, 1 << 30)
     assert cost["row_cpu_ms"] >= 0 and cost["run_cpu_s"] >= 0
