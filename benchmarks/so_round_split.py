@@ -26,8 +26,9 @@ metrics rows, progress, Python's garbage collector).
 
 Round 1 carries the warm-up (allocator, first model load) and is reported apart; the steady
 round is the mean of rounds 2 onwards. The 2,048-round projection multiplies the steady round
-(training and client messaging scaled to 167 users where fewer trained) and, as a second
-figure, evaluates every 100 rounds as `experiments/stackoverflow_nwp_mf.toml` does.
+(training and client messaging scaled linearly to 167 users, and evaluation to 2,000 evaluated
+users, where fewer ran) and, as a second figure, evaluates every 100 rounds as
+`experiments/stackoverflow_nwp_mf.toml` does.
 
 Usage::
 
@@ -56,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPER_USERS = 167
 PAPER_ROUNDS = 2048
 PAPER_EVAL_EVERY = 100
+PAPER_EVAL_USERS = 2000
 PHASES = (
     "training",
     "client messaging",
@@ -270,15 +272,18 @@ def steady(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"rounds": [r["round"] for r in use], "cpu_s": total, "phases": phases}
 
 
-def project(st: dict[str, Any], users: int) -> dict[str, Any]:
-    """2,048 rounds of 167 users from the steady round (per-user phases scaled by 167/users)."""
-    scale = PAPER_USERS / users
+def project(st: dict[str, Any], users: int, eval_users: int) -> dict[str, Any]:
+    """2,048 rounds of 167 users, evaluated on 2,000, from the steady round: the per-user phases
+    scaled linearly by 167/users and the evaluation by 2,000/eval_users where fewer ran."""
+    scale, eval_scale = PAPER_USERS / users, PAPER_EVAL_USERS / eval_users
     ph = {k: v * (scale if k in PER_USER else 1.0) for k, v in st["phases"].items()}
+    ph["evaluation"] *= eval_scale
     round_s = sum(ph.values())
     evals = math.ceil(PAPER_ROUNDS / PAPER_EVAL_EVERY) + 1  # every 100 rounds, and after the last
     sparse = PAPER_ROUNDS * (round_s - ph["evaluation"]) + evals * ph["evaluation"]
     return {
         "users_scale": scale,
+        "eval_users_scale": eval_scale,
         "round_cpu_s_at_167": round_s,
         "phases_at_167": ph,
         "run_cpu_h_eval_every_round": PAPER_ROUNDS * round_s / 3600,
@@ -297,7 +302,7 @@ def report(result: dict[str, Any]) -> str:
         f"SO shape: so_nwp_lstm (d = {result['params']:,}), {result['users']} users a round, "
         f"{result['mechanism']} noise, eval on {result['eval_users']} users, checkpoint every round",
         "",
-        "| phase | round 1 CPU s | steady CPU s a round | share | at 167 users CPU s | share |",
+        "| phase | round 1 CPU s | steady CPU s a round | share | at 167 users (2,000 evaluated) CPU s | share |",
         "|---|---|---|---|---|---|",
     ]
     r1 = result["rounds"][0]
@@ -327,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mechanism", choices=("blt", "banded", "gaussian"), default="blt", help="noise (default blt)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 8 users, 2 rounds, 50 evaluated users")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the data and the run here (default: a temp dir)")
-    ap.add_argument("--json", type=Path, default=None, help="write the rows to this JSON file")
+    ap.add_argument(
+        "--json", type=Path, default=None, help="add the run's rows to this JSON file's runs (same command: replaced)"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.users, args.rounds, args.eval_users = 8, 2, 50
@@ -389,12 +396,14 @@ def main(argv: list[str] | None = None) -> int:
         "epsilon": summary.get("epsilon") if isinstance(summary, dict) else None,
         "rounds": rows,
         "steady": st,
-        "projection": project(st, args.users),
+        "projection": project(st, args.users, args.eval_users),
     }
     print(report(result))
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.json}")
+        runs = json.loads(args.json.read_text())["runs"] if args.json.exists() else []
+        runs = [r for r in runs if r["command"] != result["command"]] + [result]
+        args.json.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+        print(f"added the run to {args.json} ({len(runs)} runs)")
     if tmp is not None:
         tmp.cleanup()
     return 0
