@@ -131,6 +131,7 @@ def population_case(n_users: int, scheme: str, train_seconds: float) -> dict[str
 def factorization_case(mechanism: str, n: int) -> dict[str, Any]:
     """CPU time and peak memory of factorizing the prefix-sum workload for ``n`` rounds."""
     import numpy as np
+    import torch  # noqa: F401 - fedsim imports it lazily; its import is not the factorization's cost
 
     from fedsim.privacy.mechanisms.banded import optimize_banded
     from fedsim.privacy.mechanisms.blt import optimize_blt
