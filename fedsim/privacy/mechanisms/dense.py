@@ -9,11 +9,12 @@ single-participation solve. Under ``min_sep`` the multi-participation optimum is
 the optimal ``b``-banded ``C``. The sensitivity of the returned ``C`` is computed afterwards for the
 scheme either way (:meth:`~fedsim.privacy.mechanisms.base.Strategy.sensitivity`).
 
-Decisions where the specification is silent: the iteration starts at ``v = 1`` and is
-Anderson-accelerated in ``log v`` (:func:`_anderson_fixed_point`; issue 46: about 5 times fewer
-eigendecompositions than the plain iteration, e.g. 35 against 193 at ``n = 256``), stops when the
-largest relative change ``|G(v) − v| / v`` of the plain step at the current point is below ``tol``
-(the plain iteration's rule), and then rescales ``X`` to an exact unit diagonal (so every column of ``C`` has norm 1 and ``sens = 1`` under single participation). The
+Decisions where the specification is silent: the iteration starts at `v = 1` and is
+Anderson-accelerated in `log v` (`_anderson_fixed_point`; issue 46: about 5 times fewer
+eigendecompositions than the plain iteration, e.g. 35 against 193 at `n = 256`), stops when the
+largest relative change `|G(v) − v| / v` of the plain step at the current point is below `tol`
+(the plain iteration's rule), and then rescales `X` to an exact unit diagonal (so every column
+of `C` has norm 1 and `sens = 1` under single participation). The
 gap it reports is the Lagrangian duality gap of ``min tr(W X⁻¹) s.t. diag X ≤ 1``: dual value
 ``2·tr((V^{1/2} W V^{1/2})^{1/2}) − Σ v`` (a lower bound for every ``v > 0``) against the primal
 ``‖A·C⁻¹‖_F²`` of the returned ``C``. Results are cached on disk
@@ -42,7 +43,7 @@ ANDERSON_MEMORY = 10
 #: An extrapolated point whose residual is more than this many times the previous one is
 #: rejected: the plain step from the previous point is taken instead and the history cleared.
 ANDERSON_GUARD = 2.0
-#: The single-participation solver; part of the cache key of ``dense`` and ``dpmf_plus``, so that
+#: The single-participation solver; part of the cache key of `dense` and `dpmf_plus`, so that
 #: a solution cached by another solver (the plain iteration before issue 46) is recomputed.
 SOLVER = "anderson-fixed-point"
 
@@ -56,21 +57,21 @@ def _sqrt_psd(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _anderson_fixed_point(
     step: Callable[[np.ndarray], tuple[np.ndarray, Any]], n: int, tol: float, max_iter: int
 ) -> tuple[np.ndarray, Any, int, float, bool]:
-    """The fixed point ``v = G(v)`` of the dual multipliers, Anderson-accelerated in ``log v``.
+    """The fixed point `v = G(v)` of the dual multipliers, Anderson-accelerated in `log v`.
 
-    ``step(v)`` returns ``(G(v), aux)`` (``aux``: the eigendecomposition at ``v``). Each iteration
-    evaluates ``G`` once at the current point ``v``; it stops when
-    ``max_i |G(v)_i − v_i| / |v_i| < tol`` (the plain iteration's rule, at the point where ``G``
-    was evaluated). The next point mixes the last ``ANDERSON_MEMORY + 1`` steps: with
-    ``x = log v``, ``f = log G(v) − x`` and the differences ``ΔX``, ``ΔF`` of past ``x`` and ``f``,
-    ``x ← x + f − (ΔX + ΔF)·γ``, ``γ = argmin ‖f − ΔF·γ‖₂`` (type-II Anderson acceleration,
-    which converges like a quasi-Newton method where the plain step ``x ← x + f`` converges only
-    linearly). Safeguard: a point whose largest ``|f|`` exceeds ``ANDERSON_GUARD`` times the
-    previous point's is dropped for the plain step ``G`` of the previous point, and the history
+    `step(v)` returns `(G(v), aux)` (`aux`: the eigendecomposition at `v`). Each iteration
+    evaluates `G` once at the current point `v`; it stops when
+    `max_i |G(v)_i − v_i| / |v_i| < tol` (the plain iteration's rule, at the point where `G`
+    was evaluated). The next point mixes the last `ANDERSON_MEMORY + 1` steps: with
+    `x = log v`, `f = log G(v) − x` and the differences `ΔX`, `ΔF` of past `x` and `f`,
+    `x ← x + f − (ΔX + ΔF)·γ`, `γ = argmin ‖f − ΔF·γ‖₂` (type-II Anderson acceleration,
+    which converges like a quasi-Newton method where the plain step `x ← x + f` converges only
+    linearly). Safeguard: a point whose largest `|f|` exceeds `ANDERSON_GUARD` times the
+    previous point's is dropped for the plain step `G` of the previous point, and the history
     is cleared.
 
-    Returns ``(v, aux, iterations, change, converged)``: ``v`` the last point at which ``G``
-    was evaluated, ``aux`` its eigendecomposition, ``change`` its relative step.
+    Returns `(v, aux, iterations, change, converged)`: `v` the last point at which `G`
+    was evaluated, `aux` its eigendecomposition, `change` its relative step.
     """
     v = np.ones(n)
     xs: list[np.ndarray] = []
@@ -110,7 +111,7 @@ def _anderson_fixed_point(
 
 
 def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int) -> tuple[Any, Any, Any, int, float, bool]:
-    """The fixed point of :func:`dense` in numpy; returns ``(v, √e, X, iterations, change, converged)``."""
+    """The fixed point of `dense` in numpy; returns `(v, √e, X, iterations, change, converged)`."""
 
     def step(v: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
         s = np.sqrt(v)
@@ -126,7 +127,7 @@ def _dense_iterate_numpy(W: np.ndarray, tol: float, max_iter: int) -> tuple[Any,
 def _dense_iterate_torch(
     W: np.ndarray, tol: float, max_iter: int, device: str
 ) -> tuple[Any, Any, Any, int, float, bool]:
-    """The same fixed point with the eigendecompositions in torch float64 on ``device`` (the GPU
+    """The same fixed point with the eigendecompositions in torch float64 on `device` (the GPU
     path); same returns."""
     import torch
 
@@ -157,9 +158,9 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str
     """Optimal factorization for ``‖B‖_F`` under single participation (Denisov et al. 2022).
 
     Minimises ``tr(W X⁻¹)`` over ``X = CᵀC`` with ``diag X = 1``, ``W = AᵀA``, by the
-    fixed point ``v = diag((V^{1/2} W V^{1/2})^{1/2})``, ``V = diag(v)``, from ``v = 1``, with
-    Anderson acceleration (one eigendecomposition per iteration). Then ``X = V^{−1/2}(V^{1/2} W V^{1/2})^{1/2}V^{−1/2}`` (rescaled to an exact
-    unit diagonal), ``C = J·Lᵀ·J`` with ``L = chol(J·X·J)``, and ``B = A·C⁻¹``.
+    fixed point `v = diag((V^{1/2} W V^{1/2})^{1/2})`, `V = diag(v)`, from `v = 1`, with
+    Anderson acceleration (one eigendecomposition per iteration). Then
+    `X = V^{−1/2}(V^{1/2} W V^{1/2})^{1/2}V^{−1/2}` (rescaled to an exact unit diagonal), ``C = J·Lᵀ·J`` with ``L = chol(J·X·J)``, and ``B = A·C⁻¹``.
     ``O(n³)`` per iteration; :func:`factorize_dense` caches the result on disk.
 
     Parameters
@@ -167,11 +168,11 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str
     A : np.ndarray
         The ``n×n`` lower-triangular workload.
     tol : float, optional
-        Stop when ``max_i |G(v)_i − v_i| / |v_i| < tol`` at the current ``v``, ``G`` the plain
-        fixed-point step. Default ``1e-10``.
+        Stop when `max_i |G(v)_i − v_i| / |v_i| < tol` at the current `v`, `G` the plain
+        fixed-point step. Default `1e-10`.
     max_iter : int, optional
         Cap on the iterations, i.e. on the eigendecompositions (default 10 000); reaching it
-        warns and sets ``converged=False``.
+        warns and sets `converged=False`.
     device : str or None, optional
         ``None`` (default): the iteration runs in numpy on the CPU. A torch device string
         (``"cuda"``, ``"cuda:1"``, ``"cpu"``): the iteration and the final eigen-decomposition
@@ -184,7 +185,7 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str
     Factorization
         ``C`` lower-triangular with unit-norm columns (``sens = 1``). ``info`` holds
         ``iterations``, ``seconds``, ``converged``, ``tolerance``, ``max_iter``,
-        ``max_rel_change`` (last step), ``solver``, ``primal`` (``‖B‖_F²``), ``dual`` (Lagrangian
+        `max_rel_change` (last step), `solver`, `primal` (`‖B‖_F²`), `dual` (Lagrangian
         lower bound) and ``rel_gap`` (``(primal − dual)/primal``).
     """
     A = check_workload(A)
@@ -233,8 +234,8 @@ def dense(A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str
 def factorize_dense(
     A: np.ndarray, tol: float = 1e-10, max_iter: int = 10_000, device: str | None = None, cache: bool = True
 ) -> Factorization:
-    """:func:`dense`, memoised on disk (key: ``A``, ``n``, ``tol``, ``max_iter`` and :data:`SOLVER`;
-    not the device — both paths solve the same problem to the same ``tol``).
+    """`dense`, memoised on disk (key: `A`, `n`, `tol`, `max_iter` and `SOLVER`;
+    not the device — both paths solve the same problem to the same `tol`).
 
     Parameters
     ----------
