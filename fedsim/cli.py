@@ -739,6 +739,35 @@ def synth(
     typer.echo(f"wrote a generated Stack Overflow folder ({users} train clients) to {out}")
 
 
+# `fedsim audit`'s longer options
+CanaryKindOpt = Annotated[
+    str,
+    typer.Option(
+        "--canary-kind",
+        help="one-run: gradient (default: full-clip-norm updates in random directions; final-model and "
+        "every-model bounds) or text (secret-sharer canary users on a next-character or next-word task, "
+        "scored by how much training lowered the secret's log-perplexity; final-model bounds).",
+    ),
+]
+CanaryDirectionsOpt = Annotated[
+    str,
+    typer.Option(
+        "--canary-directions",
+        help="one-run gradient canaries: random (default: uniform on the sphere, an m × d matrix kept) or "
+        "orthogonal (each canary its own keyed coordinate with a keyed sign: no matrix, no interference "
+        "between canaries, m up to the model's size).",
+    ),
+]
+NullOpt = Annotated[
+    str,
+    typer.Option(
+        "--null",
+        help="Null distribution: theoretical (N(0, 1/d), the paper's) "
+        "or empirical (fitted to never-inserted directions).",
+    ),
+]
+
+
 @app.command()
 def audit(
     config: ConfigArg = None,
@@ -780,34 +809,11 @@ def audit(
         ),
     ] = None,
     references: Annotated[int, typer.Option(help="canary: random reference secrets per canary.")] = 10_000,
-    canary_kind: Annotated[
-        str,
-        typer.Option(
-            "--canary-kind",
-            help="one-run: gradient (default: full-clip-norm updates in random directions; final-model and "
-            "every-model bounds) or text (secret-sharer canary users on a next-character or next-word task, "
-            "scored by how much training lowered the secret's log-perplexity; final-model bounds).",
-        ),
-    ] = "gradient",
-    canary_directions: Annotated[
-        str,
-        typer.Option(
-            "--canary-directions",
-            help="one-run gradient canaries: random (default: uniform on the sphere, an m × d matrix kept) or "
-            "orthogonal (each canary its own keyed coordinate with a keyed sign: no matrix, no interference "
-            "between canaries, m up to the model's size).",
-        ),
-    ] = "random",
+    canary_kind: CanaryKindOpt = "gradient",
+    canary_directions: CanaryDirectionsOpt = "random",
     held_out: Annotated[int, typer.Option(help="user-inference: held-out users (and as many held-in targets).")] = 40,
     alpha: Annotated[float, typer.Option("--alpha", help="The bootstrap interval has confidence 1 − alpha.")] = 0.05,
-    null: Annotated[
-        str,
-        typer.Option(
-            "--null",
-            help="Null distribution: theoretical (N(0, 1/d), the paper's) "
-            "or empirical (fitted to never-inserted directions).",
-        ),
-    ] = "theoretical",
+    null: NullOpt = "theoretical",
     as_json: Annotated[bool, typer.Option("--json", help="Print the audit as JSON (no progress line).")] = False,
 ) -> None:
     """Attack one training run of CONFIG and print what it leaks next to the ledger's ε.
