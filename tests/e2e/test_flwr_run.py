@@ -70,7 +70,9 @@ def _flwr(env, *args, timeout=600.0):
     )
 
 
-@pytest.mark.parametrize("connection,nodes", [("sim", 2), ("sim3", 3)])
+# each takes about 34 s on the loaded 2-core machine: the default suite keeps the 2-node run (one
+# `flwr run` door per CI), make test-slow runs the 3-node one too
+@pytest.mark.parametrize("connection,nodes", [("sim", 2), pytest.param("sim3", 3, marks=pytest.mark.slow)])
 def test_flwr_run_against_a_simulation_superlink(simulation_superlink, connection, nodes):
     env, tmp, procs = simulation_superlink
     out = tmp / f"run-{connection}"
