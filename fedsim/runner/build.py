@@ -425,6 +425,23 @@ def noise_table_note(stream: MatrixStream) -> str:
     )
 
 
+def check_noise_fits(cfg: Config, prep: Prepared) -> None:
+    """Refuse, before round 1, a mechanism whose noise state does not fit this machine's available
+    memory (`fedsim.privacy.cost`: the state its own stream holds, scaled to the model's size),
+    naming the mechanisms that hold a few rows of d."""
+    from fedsim.privacy.plan import noise_cost_of
+    from fedsim.resources import available_memory_bytes
+
+    cost = noise_cost_of(cfg, prep.spec, prep.plan, prep.num_params)
+    if not cost["fits_memory"]:
+        raise FedsimError(
+            f"privacy.mechanism = '{prep.spec.mechanism}': its noise state needs {cost['state_bytes'] / 2**30:.1f} GiB "
+            f"of memory at d = {prep.num_params:,} and {available_memory_bytes() / 2**30:.1f} GiB are available; use "
+            f"privacy.mechanism = 'blt' (a few rows of d) or 'banded' with fewer bands, or lower "
+            f"privacy.noise_memory_mib"
+        )
+
+
 def dp_server(
     cfg: Config, prep: Prepared, key: PrivacyKey, device: torch.device, notes: list[str]
 ) -> tuple[DPServer, Any]:
@@ -432,6 +449,7 @@ def dp_server(
     the ledger, and the :class:`DPServer` (fixed denominator, filter, optimizer, clipping
     control). fedsim's own runs and the Flower wrapper (:mod:`fedsim.flower`) both build theirs
     here. Returns the server and the example-level DP settings (None for user-level DP)."""
+    check_noise_fits(cfg, prep)
     noise = make_noise(prep.spec.mechanism, prep.num_params, key.derive("noise"), device, prep.plan)
     if isinstance(noise.stream, MatrixStream):  # its history: privacy.noise_memory_mib
         noise.stream.memory_budget = cfg.privacy.noise_memory_mib << 20

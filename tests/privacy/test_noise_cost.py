@@ -107,3 +107,21 @@ def test_a_run_shorter_than_the_probe_is_stepped_within_its_rounds(rounds):
     plan = plan_mf("banded", scheme, rounds, bands=rounds)
     cost = noise_cost(lambda: get_mechanism("banded").stream(plan), rounds, 1000, 1 << 30)
     assert cost["row_cpu_ms"] >= 0 and cost["run_cpu_s"] >= 0
+
+
+def test_a_run_whose_noise_state_does_not_fit_is_refused_before_round_1(monkeypatch, tmp_path):
+    """banded with 3 bands on a 59k-parameter model holds 2 rows of d (about 0.45 MiB): with less
+    memory available than that (and enough for the 4-round factorization), the run is refused in
+    one line that names blt; with enough memory it builds."""
+    from fedsim import resources
+    from fedsim.config import load_config
+    from fedsim.errors import FedsimError
+    from fedsim.runner.build import build_run
+
+    sets = ["rounds=4", "privacy.mechanism='banded'", "privacy.bands=3", "sim.engine='inprocess'", "data.max_users=40"]
+    cfg = load_config(None, [*sets, "privacy.noise_multiplier=1.0"])
+    monkeypatch.setattr(resources, "available_memory_bytes", lambda: 200 << 10)
+    with pytest.raises(FedsimError, match=r"its noise state needs .* use privacy.mechanism = 'blt'"):
+        build_run(cfg)
+    monkeypatch.setattr(resources, "available_memory_bytes", lambda: 1 << 30)
+    assert build_run(cfg).noise is not None
