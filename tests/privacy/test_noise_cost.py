@@ -100,15 +100,6 @@ def test_a_run_shorter_than_the_probe_is_costed_without_stepping_past_its_last_r
     assert cost["run_cpu_s"] >= 0 and cost["row_cpu_ms"] >= 0
 
 
-@pytest.mark.parametrize("rounds", [1, 2])
-def test_a_run_shorter_than_the_probe_is_stepped_within_its_rounds(rounds):
-    """A banded stream refuses a round past its n: the probe stays within the run's rounds."""
-    scheme = make_scheme("epochs", 400, 50, rounds=rounds)
-    plan = plan_mf("banded", scheme, rounds, bands=rounds)
-    cost = noise_cost(lambda: get_mechanism("banded").stream(plan), rounds, 1000, 1 << 30)
-    assert cost["row_cpu_ms"] >= 0 and cost["run_cpu_s"] >= 0
-
-
 def test_a_run_whose_noise_state_does_not_fit_is_refused_before_round_1(monkeypatch, tmp_path):
     """banded with 3 bands on a 59k-parameter model holds 2 rows of d (about 0.45 MiB): with less
     memory available than that (and enough for the 4-round factorization), the run is refused in
