@@ -20,12 +20,20 @@ from fedsim.errors import FedsimError, writing
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
-def save_checkpoint(folder: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` to ``folder/checkpoint.pt`` atomically; return the path."""
+def save_checkpoint(folder: str | Path, state: dict[str, Any], name: str = CHECKPOINT_NAME) -> Path:
+    """Write ``state`` to ``folder/name`` atomically and synced; return the path.
+
+    Parameters
+    ----------
+    folder : the checkpoint folder (made owner-only, 0700).
+    state : what to write (``torch.save``).
+    name : the file's name in ``folder`` (default ``checkpoint.pt``; the Flower wrapper also
+        writes its noise stream's state to ``noise.pt``).
+    """
     folder = Path(folder)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)  # the checkpoint holds the privacy key and the noise state
-    target = folder / CHECKPOINT_NAME
+    target = folder / name
     with writing(target):  # a full disk is a one-line error naming the checkpoint
         fd, tmp = tempfile.mkstemp(prefix=".ckpt-", dir=folder)  # created 0600
         try:
@@ -41,9 +49,9 @@ def save_checkpoint(folder: str | Path, state: dict[str, Any]) -> Path:
     return target
 
 
-def load_checkpoint(folder: str | Path) -> dict[str, Any]:
-    """Read ``folder/checkpoint.pt``."""
-    path = Path(folder) / CHECKPOINT_NAME
+def load_checkpoint(folder: str | Path, name: str = CHECKPOINT_NAME) -> dict[str, Any]:
+    """Read ``folder/name`` (default ``checkpoint.pt``)."""
+    path = Path(folder) / name
     if not path.exists():
         raise FedsimError(f"no checkpoint at {path}")
     try:

@@ -45,7 +45,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedsim.checkpoint import load_checkpoint, save_checkpoint
+from fedsim.checkpoint import save_checkpoint
 from fedsim.config import Config, config_from_dict
 from fedsim.errors import FedsimError
 from fedsim.flower.arrays import Layout
@@ -53,6 +53,7 @@ from fedsim.flower.driver import WITHHELD, GuardedGrid, driver_of, real_grid, re
 from fedsim.flower.identity import Census
 from fedsim.flower.mod import KEY_CLIP_NORM
 from fedsim.flower.replies import screen_and_sum
+from fedsim.noise_file import NoiseFile, load_with_noise, writes_behind
 from fedsim.privacy.accounting import epsilon
 from fedsim.privacy.rng import PrivacyKey
 from fedsim.runner.build import Prepared, dp_server, prepare_without_data
@@ -226,6 +227,8 @@ class UserLevelDP(Strategy):
         self._planned: float | None = None
         #: (Flower round, noise rounds done before it) of each round the wrapped strategy skipped.
         self.skipped: list[tuple[int, int]] = []
+        #: writes the noise stream's state behind each checkpoint (out= with fedsim's own stream).
+        self._noise_file: NoiseFile | None = None
         self._notes = _population_notes(self.population, float(self.spec.delta))
         for note in self._notes:
             log(WARNING, "UserLevelDP: %s", note)
@@ -284,7 +287,7 @@ class UserLevelDP(Strategy):
             return
         ckpt = self.out / "checkpoint"
         if resume:
-            state = load_checkpoint(ckpt)
+            state = load_with_noise(ckpt)
             self._check_same_settings(state)
             self._take(state)
             return
@@ -306,13 +309,25 @@ class UserLevelDP(Strategy):
             raise FedsimError(f"resume with other privacy settings ({what}); the checkpoint's ε would not hold")
 
     def _write(self) -> None:
-        """Ledger and checkpoint, before the round's model is returned."""
+        """Ledger and checkpoint, before the round's model is returned. With fedsim's own
+        in-order noise stream, the checkpoint holds the stream's position, and its state goes to
+        `noise.pt` in the background once this returns (fedsim.noise_file)."""
         if self.out is None or self.server is None:
             return
-        save_checkpoint(self.out / "checkpoint", self.state_dict())
+        behind = self._noise_file is not None
+        save_checkpoint(self.out / "checkpoint", self._state(noise_state=not behind))
         tmp = self.out / ".ledger.json.tmp"
         tmp.write_text(json.dumps(self.ledger_json(), indent=1), encoding="utf-8")
         os.replace(tmp, self.out / "ledger.json")
+        if self._noise_file is not None:
+            self._noise_file.write_behind(self.server.noise)
+
+    def flush(self) -> None:
+        """Wait until the noise stream's state is on disk (with `out=`; the checkpoint itself
+        always is when a round's model is returned). Raises the write's error, if it failed.
+        `start()` calls it before it returns."""
+        if self._noise_file is not None:
+            self._noise_file.wait()
 
     def ledger_json(self) -> dict[str, Any]:
         """What `out/ledger.json` holds: the ledger, its notes (small N, skipped rounds) and, as
@@ -334,18 +349,22 @@ class UserLevelDP(Strategy):
     # -- state ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resume needs: the DP server (noise stream position, filter, optimizer,
-        ledger, and `x`, whose floats are the last model the wrapper handed on), the privacy key
-        (a secret: protect it like one), the identities seen, that model's array names, shapes,
-        dtypes and non-floating arrays (its floats are not stored twice), the skipped rounds and
-        the settings."""
+        """Everything a resume needs: the DP server (noise stream position and state, filter,
+        optimizer, ledger, and `x`, whose floats are the last model the wrapper handed on), the
+        privacy key (a secret: protect it like one), the identities seen, that model's array
+        names, shapes, dtypes and non-floating arrays (its floats are not stored twice), the
+        skipped rounds and the settings."""
+        return self._state(noise_state=True)
+
+    def _state(self, noise_state: bool) -> dict[str, Any]:
+        """`state_dict`; with `noise_state` False, the noise stream's position only."""
         pending = None if self._pending is None else self._pending["server"]
         return {
             "format": "fedsim.flower/2",
             "settings": self.cfg.model_dump(mode="json"),
             "population": self.population,
             "key": self.key.state_dict(),
-            "server": pending if self.server is None else self.server.state_dict(),
+            "server": pending if self.server is None else self.server.state_dict(noise_state),
             "census": self.census.state_dict(),
             "published": None if self.last_arrays is None else _published_frame(self.last_arrays),
             "skipped": [list(x) for x in self.skipped],
@@ -372,6 +391,7 @@ class UserLevelDP(Strategy):
     def _apply_pending(self) -> None:
         state, self._pending = self._pending, None
         assert state is not None and self.server is not None
+        self.flush()  # the stream's state is about to change
         if state["server"] is not None:
             if state["server"]["params"].numel() != self.server.params.numel():
                 raise FedsimError("the checkpoint's model has another size than the broadcast model")
@@ -420,6 +440,9 @@ class UserLevelDP(Strategy):
         self.server, _ = dp_server(self.cfg, self._prep, self.key, torch.device("cpu"), [])
         if self._pending is not None:
             self._apply_pending()
+        if self.out is not None and writes_behind(self.server.noise):
+            self._noise_file = NoiseFile(self.out / "checkpoint")
+            self._noise_file.write(self.server.noise)  # round 0's (a few bytes), or the resumed round's
 
     def start(
         self,
@@ -443,9 +466,18 @@ class UserLevelDP(Strategy):
         """
         refuse_unsafe(self.strategy)  # again: the strategy may have changed since it was wrapped
         start = type(self.strategy).start
-        return start(self._driver, GuardedGrid(real_grid(grid), self._outbox), initial_arrays, num_rounds=num_rounds,
-                     timeout=timeout, train_config=train_config, evaluate_config=evaluate_config,
-                     evaluate_fn=evaluate_fn, **kwargs)  # fmt: skip
+        try:
+            result = start(self._driver, GuardedGrid(real_grid(grid), self._outbox), initial_arrays,
+                           num_rounds=num_rounds, timeout=timeout, train_config=train_config,
+                           evaluate_config=evaluate_config, evaluate_fn=evaluate_fn, **kwargs)  # fmt: skip
+        except BaseException:
+            try:
+                self.flush()
+            except Exception as e:  # the run's own error is the one raised
+                log(WARNING, "UserLevelDP: writing the noise state also failed: %s", e)
+            raise
+        self.flush()
+        return result
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -532,6 +564,7 @@ class UserLevelDP(Strategy):
             agg.drop("missing", 1)
         _report_drops(server_round, agg, st["chosen"])
         self.server.params = torch.from_numpy(st["x_t"]).clone()
+        self.flush()  # the last round's noise state is on disk before the stream steps
         eps = self.server.step(agg.total, agg.accepted_users)
         noised = self.layout.unflatten(self.server.params, st["arrays"])
         self.last_arrays = noised

@@ -105,14 +105,51 @@ class NoiseMechanism:
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dim": self.dim, "key": self.key.state_dict(), **self.stream.state_dict()}
 
+    def position_dict(self) -> dict[str, Any]:
+        """The stream's position without its state: name, ``d``, key and the next round
+        (``next_round``). The state itself is written apart (:mod:`fedsim.noise_file`) and put
+        back by :func:`fedsim.noise_file.attach_noise_file` before :meth:`load_state_dict`."""
+        return {"name": self.name, "dim": self.dim, "key": self.key.state_dict(), "position_only": True,
+                "next_round": self.stream.next_round()}  # fmt: skip
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s output. A state with ``replay_to`` (from
+        :func:`fedsim.noise_file.attach_noise_file`) is then carried forward to that round
+        (:meth:`catch_up`)."""
         if state.get("name") != self.name or int(state.get("dim", -1)) != self.dim:
             raise FedsimError(
                 f"checkpoint noise state is for {state.get('name')} with dim {state.get('dim')}, "
                 f"but this run uses {self.name} with dim {self.dim}"
             )
+        if state.get("position_only"):
+            raise FedsimError(
+                "this checkpoint holds the noise stream's position only; its state is in noise.pt next to it: "
+                "load the folder with fedsim.noise_file.load_with_noise(folder)"
+            )
         self.key = PrivacyKey.from_state_dict(state["key"])
         self.stream.load_state_dict(state)
+        if state.get("replay_to") is not None:
+            self.catch_up(int(state["replay_to"]))
+
+    def catch_up(self, t: int) -> None:
+        """Carry an in-order stream from its round to round ``t``: rows ``next_round … t − 1`` are
+        computed again (each ``ξ_j`` drawn again from the key) and thrown away. Rows are a pure
+        function of the key and the rows before, so the state is the one an uninterrupted stream
+        has at ``t``, bit for bit. Streams without state (``next_round`` None) need nothing.
+
+        Parameters
+        ----------
+        t : the round the stream must be at next (0-based).
+        """
+        at = self.stream.next_round()
+        if at is None:
+            return
+        if at > t:
+            raise FedsimError(
+                f"the noise state is at round {at}, past the checkpoint's round {t}: not this checkpoint's"
+            )
+        for j in range(at, int(t)):
+            self.stream.step(j, self.draw)
 
 
 class IndependentStream(NoiseStream):

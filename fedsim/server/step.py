@@ -164,12 +164,15 @@ class DPServer:
         stack = {n: (torch.stack(v).numpy() if v else np.zeros((0, k), np.float32)) for n, v in self.trace.items()}
         np.savez(path, index=self.trace_index.cpu().numpy(), before=stack["before"], after=stack["after"])
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, noise_state: bool = True) -> dict[str, Any]:
+        """Everything a resume needs. ``noise_state`` False puts only the noise stream's position
+        in (:meth:`fedsim.privacy.noise.NoiseMechanism.position_dict`; its state is then written
+        apart, :mod:`fedsim.noise_file`). Default True."""
         return {
             "round": self.round,
             "params": self.params.clone(),
             "optimizer": self.optimizer.state_dict(),
-            "noise": self.noise.state_dict(),
+            "noise": self.noise.state_dict() if noise_state else self.noise.position_dict(),
             "ledger": self.ledger.state_dict(),
             "filter": None if self.filter is None else self.filter.state_dict(),
             "clip_norm": self.clip_norm,
