@@ -7,8 +7,9 @@ Both wrap `FedAvg` and train all 10 nodes every round with the same clip norm. F
 adds independent Gaussian noise and (unless `--no-accountant`) keeps its own RDP accountant
 (`RdpAccountant`; fixed clipping accounts only `no-amplification` sampling). fedsim's adds BLT correlated noise
 (min_sep 1: every node in every round) from the keyed CSPRNG and keeps the ledger; with
-`out=` it also writes the ledger and the checkpoint (the resume state) before each round's model
-is returned, as docs/flower.md shows it used. Both run on fedsim's in-process Grid, which calls
+`out=` it also writes the ledger and the checkpoint (the resume state, with the noise stream's
+position) before each round's model is returned, and the noise stream's state (`noise.pt`) in the
+background after it, as docs/flower.md shows it used. Both run on fedsim's in-process Grid, which calls
 the same ClientApp (with its mods) directly, so the nodes' training is identical and the
 difference is the strategies' own work. For each size the three (Flower, fedsim, fedsim with
 `out=`) are timed in alternation, `--repeats` times each, in one process; the ratios of medians
@@ -131,8 +132,10 @@ def _size(width: int | None) -> int:
     return sum(p.numel() for p in _net(width)().parameters())
 
 
-def _checkpoint_mb(width: int | None, nodes: int) -> float:
-    """The size of one round's checkpoint (MB) at this model size."""
+def _checkpoint_mb(width: int | None, nodes: int) -> tuple[float, float]:
+    """The sizes (MB) of one round's `checkpoint.pt` (written before the model is returned) and
+    `noise.pt` (the noise stream's state, written behind it) at this model size."""
+    import shutil
     import tempfile
 
     from flwr.app import ArrayRecord, ConfigRecord
@@ -148,7 +151,10 @@ def _checkpoint_mb(width: int | None, nodes: int) -> float:
         ctx.run_config.update({"local-epochs": 1, "batch-size": 32})
     with task_identity():
         dp.start(grid, ArrayRecord(net().state_dict()), num_rounds=1, train_config=ConfigRecord({"lr": 0.1}))
-    return (folder / "checkpoint" / "checkpoint.pt").stat().st_size / 1e6
+    files = [folder / "checkpoint" / name for name in ("checkpoint.pt", "noise.pt")]
+    sizes = [f.stat().st_size / 1e6 if f.exists() else 0.0 for f in files]
+    shutil.rmtree(folder, ignore_errors=True)
+    return sizes[0], sizes[1]
 
 
 def main() -> None:
@@ -185,8 +191,8 @@ def main() -> None:
             "ratio_round_out": med["fedsim-out"][0] / med["flower"][0],
             "ratio_aggregate": med["fedsim"][1] / med["flower"][1],
             "ratio_aggregate_out": med["fedsim-out"][1] / med["flower"][1],
-            "checkpoint_mb": _checkpoint_mb(width, args.nodes),
         }
+        row["checkpoint_mb"], row["noise_file_mb"] = _checkpoint_mb(width, args.nodes)
         print(json.dumps(row), flush=True)
         results.append(row)
     import flwr

@@ -210,3 +210,19 @@ def test_only_fedsims_own_streams_are_written_behind():
     from fedsim.privacy.noise import IndependentStream
 
     assert not writes_behind(NoiseMechanism(8, 1, "cpu", IndependentStream()))
+
+
+def test_a_checkpoint_with_the_whole_noise_state_still_resumes(tmp_path):
+    """A checkpoint.pt that holds the stream's whole state (as every checkpoint did before
+    noise.pt, and as `state_dict()` gives it) resumes without a noise.pt, bit for bit, and the
+    resumed run writes its noise.pt from then on."""
+    straight = _run(_dp("blt"), 3)
+    dp = _dp("blt", out=tmp_path / "run")
+    _run(dp, 2)
+    folder = tmp_path / "run" / "checkpoint"
+    torch.save(dp.state_dict(), folder / "checkpoint.pt")
+    (folder / NOISE_NAME).unlink()
+    resumed = _dp("blt", out=tmp_path / "run", resume=True)
+    rest = _run(resumed, 1, initial=resumed.resume_arrays())
+    assert np.array_equal(rest[1], straight[3])
+    assert load_checkpoint(folder, NOISE_NAME)["next_round"] == 3
