@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from e2e.processes import flwr_run
 
+from fedsim.checkpoint import load_checkpoint
+from fedsim.noise_file import NOISE_NAME
 from fedsim.privacy.ledger import recompute_epsilon
 
 from .test_quickstart_app import superlink  # noqa: F401  (the simulation SuperLink fixture)
@@ -57,6 +59,9 @@ def test_flwr_run_of_the_advanced_app_keeps_its_own_start(superlink):  # noqa: F
     app, out = ROOT / "examples" / "flower-advanced-pytorch", tmp / "dp-run"
     _, log = flwr_run(env, app, "sim", f'num-server-rounds=6 dp-out="{out}"', tmp, 900)
     _check_ledger(out, app, 6)
+    # banded noise: the stream's state is written behind the checkpoint, and is on disk at the end
+    assert load_checkpoint(out / "checkpoint")["server"]["noise"]["next_round"] == 6
+    assert load_checkpoint(out / "checkpoint", NOISE_NAME)["next_round"] == 6
     [results] = list(tmp.rglob("outputs/*/*/results.json"))  # the app's own start() wrote it
     rows = json.loads(results.read_text())
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
