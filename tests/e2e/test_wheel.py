@@ -78,3 +78,44 @@ def test_the_wheel_runs_fedsim_outside_the_repository(tmp_path):
     assert summary["rounds_completed"] == 2 and summary["population"] == 60
     _run([fedsim, "deploy", "certs", "--out", "certs", "--host", "localhost", "--nodes", "1"], work, env)
     assert (work / "certs" / "ca.pem").exists()
+
+    # the Flower wrapper from the wheel, in a user's own script: out= writes checkpoint.pt before
+    # each model leaves and noise.pt (BLT's state) behind it; a resume continues the run
+    (work / "my_app.py").write_text(WRAPPER_SCRIPT)
+    _run([str(venv / "bin" / "python"), "my_app.py"], work, env)
+    assert json.loads((work / "dp-run" / "ledger.json").read_text())["entries"][-1]["round"] == 3
+    assert (work / "dp-run" / "checkpoint" / "noise.pt").exists()
+
+
+WRAPPER_SCRIPT = """
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import FedAvg
+
+from fedsim.flower import UserLevelDP, user_dp_mod
+from fedsim.runner.inprocess import InProcessGrid, task_identity
+
+app = ClientApp(mods=[user_dp_mod])
+
+
+@app.train()
+def train(msg, context):
+    w = msg.content["arrays"]["w"].numpy() + 0.1
+    content = RecordDict({"arrays": ArrayRecord({"w": Array(w)}), "metrics": MetricRecord({"num-examples": 1})})
+    return Message(content, reply_to=msg)
+
+
+def wrapper(resume):
+    return UserLevelDP(FedAvg(fraction_evaluate=0.0), rounds=3, population=8, key=1, out="dp-run", resume=resume,
+                       privacy={"mechanism": "blt", "noise_multiplier": 1.0},
+                       sampling={"scheme": "min_sep", "min_sep": 2})
+
+
+with task_identity():
+    first = wrapper(False)
+    first.start(InProcessGrid(app, 4), ArrayRecord({"w": Array(np.zeros(16, np.float32))}), num_rounds=2)
+    again = wrapper(True)
+    assert again.rounds_done == 2
+    again.start(InProcessGrid(app, 4), again.resume_arrays(), num_rounds=1)
+"""
