@@ -396,6 +396,8 @@ class UserLevelDP(Strategy):
             if state["server"]["params"].numel() != self.server.params.numel():
                 raise FedsimError("the checkpoint's model has another size than the broadcast model")
             self.server.load_state_dict(state["server"])
+            if self._noise_file is not None:  # noise.pt is the state just loaded, not the one before
+                self._noise_file.write(self.server.noise)
         self.census.load_state_dict(state["census"])
 
     @property

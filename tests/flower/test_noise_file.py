@@ -226,3 +226,21 @@ def test_a_checkpoint_with_the_whole_noise_state_still_resumes(tmp_path):
     rest = _run(resumed, 1, initial=resumed.resume_arrays())
     assert np.array_equal(rest[1], straight[3])
     assert load_checkpoint(folder, NOISE_NAME)["next_round"] == 3
+
+
+def test_a_state_loaded_mid_run_replaces_the_noise_file(tmp_path):
+    """load_state_dict of another run's state (another key) at the round the wrapper's noise.pt
+    is at: noise.pt must become the loaded stream's, so that the next checkpoint and noise.pt
+    belong together and a resume continues the loaded run bit for bit."""
+    other = _dp("blt", key=9)
+    straight = _run(other, 3)
+    source = _dp("blt", key=9)
+    _run(source, 2)
+    dp = _dp("blt", out=tmp_path / "run")
+    _run(dp, 2)
+    dp.load_state_dict(source.state_dict())
+    assert load_checkpoint(tmp_path / "run" / "checkpoint", NOISE_NAME)["key"] == source.server.noise.key.state_dict()
+    _run(dp, 1, initial=source.resume_arrays())
+    resumed = _dp("blt", out=tmp_path / "run", resume=True)
+    assert resumed.rounds_done == 3 and resumed.key == source.key
+    assert np.array_equal(resumed.resume_arrays()["w"].numpy().ravel(), straight[3])
