@@ -44,9 +44,10 @@ def writes_behind(noise: NoiseMechanism) -> bool:
     """Whether ``noise``'s stream state may be written after the model is returned: a stream
     that keeps state (``next_round`` is not None) and whose ``step``, ``state_dict`` and
     ``load_state_dict`` are fedsim's own code."""
+    from fedsim.privacy.mechanisms.checks import defined_by_fedsim
+
     cls = type(noise.stream)
-    owners = [next((k for k in cls.__mro__ if a in vars(k)), object) for a in ("step", "state_dict", "load_state_dict")]
-    own = all(o.__module__.startswith("fedsim.") for o in owners)
+    own = all(defined_by_fedsim(cls, a) for a in ("step", "state_dict", "load_state_dict"))
     return own and noise.stream.next_round() is not None
 
 

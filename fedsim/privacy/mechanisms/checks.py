@@ -58,7 +58,7 @@ def _refuse(name: str, rule: str) -> FedsimError:
     return FedsimError(f"privacy.mechanism = {name!r} is refused: {rule}")
 
 
-def _is_fedsims(cls: type, attr: str) -> bool:
+def defined_by_fedsim(cls: type, attr: str) -> bool:
     """Whether the class that defines ``attr`` for ``cls`` is fedsim's own."""
     owner = next((k for k in cls.__mro__ if attr in vars(k)), object)
     return owner.__module__.startswith("fedsim.")
@@ -69,7 +69,7 @@ def _m_is_data(strategy: Strategy) -> bool:
     a `DenseStrategy` (``M`` is a field) or a strategy class of a plugin."""
     from fedsim.privacy.mechanisms.base import DenseStrategy
 
-    return isinstance(strategy, DenseStrategy) or not _is_fedsims(type(strategy), "noising")
+    return isinstance(strategy, DenseStrategy) or not defined_by_fedsim(type(strategy), "noising")
 
 
 def check_strategy_matrix(C: np.ndarray, rounds: int, name: str) -> np.ndarray:
@@ -152,7 +152,7 @@ def checked_sensitivity(strategy: Strategy, scheme: object) -> tuple[float, bool
     """
     from fedsim.privacy.mechanisms.base import Strategy
 
-    if _is_fedsims(type(strategy), "sensitivity"):
+    if defined_by_fedsim(type(strategy), "sensitivity"):
         return strategy.sensitivity(scheme)  # type: ignore[arg-type]
     return Strategy.sensitivity(strategy, scheme)  # type: ignore[arg-type]
 
