@@ -12,8 +12,8 @@ of the key and the round, since every row ``ξ_j`` of ``Z`` is drawn from the ke
   stream's position only (:meth:`fedsim.privacy.noise.NoiseMechanism.position_dict`);
 - ``noise.pt`` holds the stream's state at some round ``s`` not after the checkpoint's. A
   background thread writes it once the model has been returned, while the next round trains.
-  It must be done before the stream steps again: the thread reads the live state, nothing is
-  copied. :meth:`NoiseFile.wait` raises the thread's error, if it failed;
+  It must be done before the stream steps again: the thread reads the live state (its
+  ``state_dict`` copies it there, off the round's critical path). :meth:`NoiseFile.wait` raises the thread's error, if it failed;
 - a resume loads ``noise.pt`` and carries the stream from ``s`` to the checkpoint's round
   (:meth:`fedsim.privacy.noise.NoiseMechanism.catch_up`). After a crash during the write, that
   is one row, drawn again from the key.
